@@ -1,0 +1,1 @@
+"""Hydra configs of ``python -m elastic_trainer``, installed as ``elastic_trainer_conf``."""

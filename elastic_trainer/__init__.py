@@ -1,0 +1,23 @@
+"""elastic_trainer: elastic, fault-tolerant JAX training.
+
+A dead slice surfaces as a Python exception, a strategy plugin decides what to
+do, and training continues at the exact step and data position.
+"""
+
+from ._cluster import AbstractCluster as AbstractCluster, SimulatedCluster as SimulatedCluster
+from ._data import AbstractDataset as AbstractDataset, StdlibText as StdlibText, sample_ids as sample_ids
+from ._failures import (
+    ConfigError as ConfigError,
+    Failure as Failure,
+    PluginError as PluginError,
+    TrainingStopped as TrainingStopped,
+)
+from ._goodput import BADPUT_CATEGORIES as BADPUT_CATEGORIES, GoodputClock as GoodputClock
+from ._mesh import DEVICE_AXIS as DEVICE_AXIS, SLICE_AXIS as SLICE_AXIS, make_mesh as make_mesh
+from ._models import Transformer as Transformer, next_token_loss as next_token_loss
+from ._plugins import DEFAULT_PLUGINS as DEFAULT_PLUGINS, make_plugin_manager as make_plugin_manager
+from ._state import TrainState as TrainState, init_train_state as init_train_state
+from ._trainer import FitResult as FitResult, Trainer as Trainer
+from .hookspecs import hookimpl as hookimpl, hookspec as hookspec
+
+__version__ = "0.1.0"

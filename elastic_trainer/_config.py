@@ -1,0 +1,188 @@
+"""Structured-config schemas, and the one place where configs become objects."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+import jax
+from hydra.core.config_store import ConfigStore
+from hydra.errors import InstantiationException
+from hydra.utils import instantiate
+from omegaconf import MISSING, DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from ._failures import ConfigError, check_at_least
+from ._trainer import Trainer
+
+
+@dataclasses.dataclass
+class TrainerConfig:
+    """``trainer``: how long and how wide to train."""
+
+    steps: int = 300
+    global_batch_size: int = 48
+    within_slice: str = "replicated"
+
+    def __post_init__(self):
+        check_at_least("trainer.steps", self.steps, 1)
+        check_at_least("trainer.global_batch_size", self.global_batch_size, 1)
+        if self.within_slice not in ("replicated", "sharded"):
+            raise ConfigError(f"trainer.within_slice must be 'replicated' or 'sharded', got {self.within_slice!r}.")
+
+
+@dataclasses.dataclass
+class SimulatedClusterConfig:
+    """``cluster=simulated``: slices of CPU devices in this process."""
+
+    _target_: str = "elastic_trainer.SimulatedCluster"
+    slices: int = 4
+    devices_per_slice: int = 2
+
+    def __post_init__(self):
+        check_at_least("cluster.slices", self.slices, 1)
+        check_at_least("cluster.devices_per_slice", self.devices_per_slice, 1)
+
+
+@dataclasses.dataclass
+class TransformerConfig:
+    """``model=transformer``: the default decoder-only language model."""
+
+    _target_: str = "elastic_trainer.Transformer"
+    vocab_size: int = 256
+    seq_len: int = 64
+    d_model: int = 128
+    num_heads: int = 4
+    num_layers: int = 2
+    mlp_ratio: int = 4
+
+    def __post_init__(self):
+        for name in ("vocab_size", "seq_len", "d_model", "num_heads", "num_layers", "mlp_ratio"):
+            check_at_least(f"model.{name}", getattr(self, name), 1)
+        if self.d_model % self.num_heads:
+            raise ConfigError(f"model.num_heads ({self.num_heads}) must divide model.d_model ({self.d_model}).")
+
+
+@dataclasses.dataclass
+class StdlibTextConfig:
+    """``data=stdlib_text``: byte-level text from Python's standard library."""
+
+    _target_: str = "elastic_trainer.StdlibText"
+    seq_len: int = 64
+    max_bytes: int = 4_000_000
+
+    def __post_init__(self):
+        check_at_least("data.seq_len", self.seq_len, 1)
+        check_at_least("data.max_bytes", self.max_bytes, self.seq_len + 1)
+
+
+@dataclasses.dataclass
+class WarmupCosineConfig:
+    """A learning-rate schedule: linear warm-up, then cosine decay."""
+
+    _target_: str = "optax.warmup_cosine_decay_schedule"
+    init_value: float = 0.0
+    peak_value: float = 3e-3
+    warmup_steps: int = 10
+    decay_steps: int = 300
+    end_value: float = 3e-4
+
+    def __post_init__(self):
+        for name in ("init_value", "peak_value", "end_value", "warmup_steps"):
+            check_at_least(f"optimizer.learning_rate.{name}", getattr(self, name), 0)
+        if self.decay_steps <= self.warmup_steps:
+            raise ConfigError(
+                f"optimizer.learning_rate.decay_steps ({self.decay_steps}, trainer.steps by default) must exceed "
+                f"warmup_steps ({self.warmup_steps}); train longer or lower optimizer.learning_rate.warmup_steps."
+            )
+
+
+@dataclasses.dataclass
+class AdamWConfig:
+    """``optimizer=adamw``: optax.adamw with a warm-up cosine schedule."""
+
+    _target_: str = "optax.adamw"
+    learning_rate: WarmupCosineConfig = dataclasses.field(default_factory=WarmupCosineConfig)
+    b1: float = 0.9
+    b2: float = 0.999
+    weight_decay: float = 0.01
+
+    def __post_init__(self):
+        for name in ("b1", "b2"):
+            value = getattr(self, name)
+            if not 0 <= value < 1:
+                raise ConfigError(f"optimizer.{name} must be in [0, 1), got {value}.")
+        check_at_least("optimizer.weight_decay", self.weight_decay, 0)
+
+
+@dataclasses.dataclass
+class FunctionConfig:
+    """A function named by ``_target_`` (``loss=next_token``)."""
+
+    _target_: str = MISSING
+    _partial_: bool = True
+
+
+@dataclasses.dataclass
+class Config:
+    """The whole run. Groups without a schema of ours (a user's model) are free-form."""
+
+    seed: int = 0
+    trainer: TrainerConfig = dataclasses.field(default_factory=TrainerConfig)
+    cluster: Any = MISSING
+    data: Any = MISSING
+    model: Any = MISSING
+    optimizer: Any = MISSING
+    loss: Any = MISSING
+
+
+def register_configs() -> None:
+    """Put the schemas in Hydra's ConfigStore, where ``conf/`` refers to them."""
+    store = ConfigStore.instance()
+    store.store(name="base_config", node=Config)
+    for group, name, node in (
+        ("cluster", "simulated", SimulatedClusterConfig),
+        ("model", "transformer", TransformerConfig),
+        ("data", "stdlib_text", StdlibTextConfig),
+        ("optimizer", "adamw", AdamWConfig),
+        ("loss", "function", FunctionConfig),
+    ):
+        store.store(group=f"schema/{group}", name=name, node=node)
+
+
+def build_trainer(cfg: DictConfig, *, run_dir: str | Path | None = None, started_at: float | None = None) -> Trainer:
+    """Validate ``cfg`` and build the trainer it describes; nothing runs yet.
+
+    Raises :class:`ConfigError` with one sentence for any bad value. The
+    cluster configures JAX before anything else touches a device.
+    """
+    try:
+        OmegaConf.to_object(cfg)
+    except OmegaConfBaseException as error:
+        raise ConfigError(f"{error.msg} (at {error.full_key})") from error
+    cluster = _instantiate(cfg, "cluster")
+    cluster.configure_jax()
+    return Trainer(
+        model=_instantiate(cfg, "model", key=jax.random.fold_in(jax.random.key(cfg.seed), 0)),
+        loss_fn=_instantiate(cfg, "loss"),
+        optimizer=_instantiate(cfg, "optimizer"),
+        data=_instantiate(cfg, "data"),
+        cluster=cluster,
+        steps=cfg.trainer.steps,
+        global_batch_size=cfg.trainer.global_batch_size,
+        within_slice=cfg.trainer.within_slice,
+        seed=cfg.seed,
+        run_dir=run_dir,
+        started_at=started_at,
+    )
+
+
+def _instantiate(cfg: DictConfig, section: str, **kwargs: Any) -> Any:
+    try:
+        return instantiate(cfg[section], **kwargs)
+    except InstantiationException as error:
+        cause = error.__cause__
+        if isinstance(cause, ConfigError):
+            raise cause from None
+        raise ConfigError(f"could not build {section} from its config ({cfg[section].get('_target_')}): {cause or error}") from error

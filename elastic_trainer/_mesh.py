@@ -1,0 +1,56 @@
+"""Meshes over slices, and how the train state and batches are laid out on them."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Literal
+
+import jax
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+from jaxtyping import PyTree
+
+SLICE_AXIS = "slice"
+DEVICE_AXIS = "device"
+
+WithinSlice = Literal["replicated", "sharded"]
+
+
+def make_mesh(slice_devices: Sequence[Sequence[jax.Device]]) -> Mesh:
+    """A ``(slice, device)`` mesh with one row per slice, in the order given."""
+    return Mesh(np.array(slice_devices, dtype=object), (SLICE_AXIS, DEVICE_AXIS))
+
+
+def batch_sharding(mesh: Mesh) -> NamedSharding:
+    """Split the leading (batch) axis over every device: data parallel."""
+    return NamedSharding(mesh, PartitionSpec((SLICE_AXIS, DEVICE_AXIS)))
+
+
+def replicated(mesh: Mesh) -> NamedSharding:
+    """A full copy on every device."""
+    return NamedSharding(mesh, PartitionSpec())
+
+
+def state_shardings(state: PyTree, mesh: Mesh, *, within_slice: WithinSlice) -> PyTree:
+    """Shardings for every array of ``state``.
+
+    Every slice always holds a full copy of the state (so a surviving slice can
+    restore a lost one). Within a slice, arrays are either copied to every
+    device (``"replicated"``) or split along their largest axis that divides
+    evenly over the slice's devices (``"sharded"``; arrays with no such axis
+    stay replicated).
+    """
+    devices_per_slice = mesh.shape[DEVICE_AXIS]
+
+    def sharding_of(leaf: jax.Array) -> NamedSharding:
+        if within_slice == "replicated" or devices_per_slice == 1:
+            return replicated(mesh)
+        divisible = [axis for axis, size in enumerate(leaf.shape) if size % devices_per_slice == 0]
+        if not divisible:
+            return replicated(mesh)
+        axis = max(divisible, key=lambda a: leaf.shape[a])
+        spec = [None] * leaf.ndim
+        spec[axis] = DEVICE_AXIS
+        return NamedSharding(mesh, PartitionSpec(*spec))
+
+    return jax.tree.map(sharding_of, state)

@@ -1,0 +1,180 @@
+"""Hook specifications: every point where a plugin can observe or steer training.
+
+Hooks are called with keyword arguments only, so a plugin implements just the
+parameters it needs and new parameters never break old plugins. In one run they
+fire in this order::
+
+    et_run_start
+    et_make_mesh                      (once for the initial mesh)
+    et_step_end                       (after every step)
+        on a failure:
+        et_classify_failure -> et_choose_recovery -> et_make_mesh (new mesh)
+    et_run_end
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import pluggy
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+    import jax
+    from jax.sharding import Mesh
+
+    from ._failures import Failure
+    from ._state import TrainState
+    from ._trainer import Trainer
+
+PROJECT_NAME = "elastic_trainer"
+
+hookspec = pluggy.HookspecMarker(PROJECT_NAME)
+hookimpl = pluggy.HookimplMarker(PROJECT_NAME)
+
+
+# -------------------------------------------------------------------------
+# Run lifecycle
+# -------------------------------------------------------------------------
+
+
+@hookspec
+def et_run_start(trainer: Trainer, state: TrainState) -> None:
+    """Called once, after the initial train state exists and before the first step.
+
+    :param trainer: the trainer about to run; read ``trainer.steps``,
+        ``trainer.cluster`` and ``trainer.run_dir`` from it.
+    :param state: the initial (or restored) train state, not yet on the mesh.
+
+    Return value is ignored.
+    """
+
+
+@hookspec
+def et_step_end(trainer: Trainer, step: int, metrics: dict[str, jax.Array]) -> None:
+    """Called after each train step has been dispatched.
+
+    :param trainer: the running trainer.
+    :param step: the number of steps completed, counting this one (1-based).
+    :param metrics: the step's metrics (``loss`` at least) as device arrays.
+        Reading a value (``float(metrics["loss"])``) waits for the step to
+        finish, so read them only as often as you need them.
+
+    Return value is ignored. Called on the training thread: keep it cheap.
+    """
+
+
+@hookspec
+def et_run_end(trainer: Trainer, report: dict[str, Any]) -> None:
+    """Called once when training ends, normally or because it was stopped.
+
+    :param trainer: the trainer that ran.
+    :param report: the run report (the ``report.json`` contract). Plugins may
+        add keys; they should not change the ones the core wrote.
+
+    Return value is ignored.
+    """
+
+
+# -------------------------------------------------------------------------
+# Failures and recovery
+# -------------------------------------------------------------------------
+
+
+@hookspec(firstresult=True)
+def et_classify_failure(error: BaseException, step: int, phase: str) -> Failure | None:
+    """Called when a step raises, to decide whether the failure is elastic.
+
+    :param error: the exception the step raised.
+    :param step: the number of steps completed before the failed one.
+    :param phase: what was running: ``"train_step"`` for the train step.
+
+    Return a :class:`~elastic_trainer.Failure` (``elastic=True`` when a strategy
+    may recover from it, with the lost slices if known), or ``None`` to let the
+    next plugin decide. ``firstresult``: the first non-``None`` answer wins; the
+    built-in classifier runs last and calls anything it does not recognise fatal.
+    """
+
+
+@hookspec(firstresult=True)
+def et_choose_recovery(trainer: Trainer, failure: Failure) -> Any | None:
+    """Called after an elastic failure, to pick what to do about it: the strategy.
+
+    :param trainer: the running trainer.
+    :param failure: the classified failure.
+
+    Return a recovery plan, or ``None`` when this plugin does not handle the
+    failure. ``firstresult``: the selected strategy answers. With no answer the
+    run stops the traditional way and says how to select a strategy.
+    """
+
+
+@hookspec(firstresult=True)
+def et_make_mesh(trainer: Trainer, slice_devices: Sequence[Sequence[jax.Device]]) -> Mesh | None:
+    """Called to build the mesh: once at start, and again after every resize.
+
+    :param trainer: the trainer.
+    :param slice_devices: the devices of each live slice, one sequence per slice.
+
+    Return a :class:`jax.sharding.Mesh` with axes ``("slice", "device")``, or
+    ``None`` to let the next plugin decide. ``firstresult``: the built-in plugin
+    runs last and lays the live slices out in order.
+    """
+
+
+# -------------------------------------------------------------------------
+# Checkpoints
+# -------------------------------------------------------------------------
+
+
+@hookspec
+def et_before_checkpoint_save(trainer: Trainer, step: int) -> None:
+    """Called just before a checkpoint of ``step`` is handed to Orbax.
+
+    :param trainer: the running trainer.
+    :param step: the step being saved (steps completed).
+
+    Return value is ignored.
+    """
+
+
+@hookspec
+def et_after_checkpoint_save(trainer: Trainer, step: int, directory: str) -> None:
+    """Called once the step loop may go on after a save of ``step``.
+
+    The save may still be committing in the background (Orbax async saves);
+    it becomes restorable only when Orbax finalizes it.
+
+    :param trainer: the running trainer.
+    :param step: the step saved.
+    :param directory: the checkpoint manager's root directory.
+
+    Return value is ignored.
+    """
+
+
+@hookspec
+def et_before_restore(trainer: Trainer, step: int, source: str) -> None:
+    """Called before train state is restored.
+
+    :param trainer: the running trainer.
+    :param step: the step that will be restored.
+    :param source: where it comes from: ``"replica"``, ``"snapshot"`` or
+        ``"checkpoint"``.
+
+    Return value is ignored.
+    """
+
+
+@hookspec
+def et_after_restore(trainer: Trainer, step: int, source: str, state: TrainState) -> None:
+    """Called after train state was restored, before training continues.
+
+    :param trainer: the running trainer.
+    :param step: the step restored.
+    :param source: where it came from (see :func:`et_before_restore`).
+    :param state: the restored state, on the current mesh.
+
+    Return value is ignored.
+    """

@@ -1,0 +1,1 @@
+"""The built-in plugins, written against the public API only, as a third party would."""

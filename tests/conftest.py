@@ -1,0 +1,47 @@
+"""Shared fixtures: 8 CPU devices, no entry-point autoloading, a tiny workload."""
+
+import os
+
+os.environ["ELASTIC_TRAINER_DISABLE_PLUGIN_AUTOLOAD"] = "1"
+
+import jax  # noqa: E402
+
+jax.config.update("jax_platforms", "cpu")
+jax.config.update("jax_num_cpu_devices", 8)
+
+import numpy as np  # noqa: E402
+import optax  # noqa: E402
+import pytest  # noqa: E402
+
+import elastic_trainer as et  # noqa: E402
+
+
+class CountingData(et.AbstractDataset):
+    """Samples whose tokens spell their own index: easy to check which were consumed."""
+
+    def __init__(self, num_samples: int = 64, seq_len: int = 8):
+        self.num_samples = num_samples
+        self.seq_len = seq_len
+
+    def get_batch(self, sample_ids: np.ndarray) -> np.ndarray:
+        return ((sample_ids[:, None] + np.arange(self.seq_len + 1)) % 16).astype(np.int32)
+
+
+@pytest.fixture
+def tiny_trainer_kwargs():
+    """Everything a Trainer needs for a model that trains in well under a second per step."""
+
+    def make(**overrides):
+        kwargs = dict(
+            model=et.Transformer(vocab_size=16, seq_len=8, d_model=16, num_heads=2, num_layers=1, key=jax.random.key(0)),
+            loss_fn=et.next_token_loss,
+            optimizer=optax.adam(1e-2),
+            data=CountingData(),
+            steps=4,
+            global_batch_size=16,
+            cluster=et.SimulatedCluster(slices=4, devices_per_slice=2),
+        )
+        kwargs.update(overrides)
+        return kwargs
+
+    return make

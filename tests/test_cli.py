@@ -1,0 +1,64 @@
+"""The command line as a user runs it: a real subprocess each time."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from elastic_trainer._cli import check_group_choices
+from elastic_trainer._failures import ConfigError
+
+REPORT_FIELDS = {
+    "strategy", "cluster", "steps_target", "steps_completed", "loss_first", "final_loss",
+    "wall_s", "productive_s", "goodput", "badput_s", "failures", "samples",
+}
+
+
+def run_cli(*args, timeout=300):
+    env = {**os.environ, "ELASTIC_TRAINER_DISABLE_PLUGIN_AUTOLOAD": "1"}
+    return subprocess.run(
+        [sys.executable, "-m", "elastic_trainer", *args], capture_output=True, text=True, timeout=timeout, env=env
+    )
+
+
+def test_twenty_steps_write_a_complete_report(tmp_path):
+    result = run_cli("trainer.steps=20", f"hydra.run.dir={tmp_path}")
+    assert result.returncode == 0, result.stderr
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert REPORT_FIELDS <= set(report)
+    assert report["steps_completed"] == report["steps_target"] == 20
+    assert report["cluster"] == {"kind": "simulated", "slices": 4, "devices_per_slice": 2}
+    assert report["final_loss"] < report["loss_first"]
+    assert report["samples"]["consumed"] == 20 * 48
+    assert report["badput_s"]["startup"] > 0 and report["badput_s"]["compile"] > 0
+    accounted = report["productive_s"] + sum(report["badput_s"].values())
+    assert accounted == pytest.approx(report["wall_s"], rel=0.01)
+    assert report["goodput"] == pytest.approx(report["productive_s"] / report["wall_s"])
+    assert "step 20/20" in result.stdout  # plain progress lines when stdout is not a terminal
+    assert "goodput" in result.stdout  # the human summary
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("cluster.slices=0", "elastic_trainer: error: cluster.slices must be at least 1, got 0.\n"),
+        ("+strategy=nope", "elastic_trainer: error: there is no strategy 'nope'"),
+        ("cluster=simulatd", "elastic_trainer: error: there is no cluster 'simulatd' (did you mean cluster=simulated?)"),
+    ],
+)
+def test_bad_input_fails_fast_with_one_sentence(tmp_path, override, message):
+    result = run_cli(override, f"hydra.run.dir={tmp_path}", timeout=60)
+    assert result.returncode == 2
+    assert result.stderr.startswith(message)
+    assert result.stderr.count("\n") == 1
+    assert "Traceback" not in result.stderr
+    assert not (tmp_path / "report.json").exists()
+
+
+def test_group_check_leaves_key_overrides_and_search_paths_to_hydra():
+    check_group_choices(["cluster.slices=3", "trainer.steps=5", "hydra.run.dir=x"])
+    check_group_choices(["hydra.searchpath=[file:///elsewhere]", "+strategy=theirs"])
+    with pytest.raises(ConfigError, match="choose one of: simulated"):
+        check_group_choices(["-m", "cluster=simulated,nowhere"])

@@ -1,0 +1,124 @@
+import inspect
+
+import jax
+import numpy as np
+import pytest
+from conftest import CountingData
+
+import elastic_trainer as et
+from elastic_trainer import hookspecs
+
+HOOKS = [name for name, _ in inspect.getmembers(hookspecs, inspect.isfunction) if name.startswith("et_")]
+
+
+class Recorder:
+    """Implements every hook with all its arguments, and records each call."""
+
+    def __init__(self):
+        self.calls = []
+
+    def _record(self, name, **kwargs):
+        self.calls.append((name, sorted(kwargs)))
+
+    @et.hookimpl
+    def et_run_start(self, trainer, state):
+        self._record("et_run_start", trainer=trainer, state=state)
+
+    @et.hookimpl
+    def et_step_end(self, trainer, step, metrics):
+        self._record("et_step_end", trainer=trainer, step=step, metrics=metrics)
+
+    @et.hookimpl
+    def et_run_end(self, trainer, report):
+        self._record("et_run_end", trainer=trainer, report=report)
+
+    @et.hookimpl
+    def et_classify_failure(self, error, step, phase):
+        self._record("et_classify_failure", error=error, step=step, phase=phase)
+
+    @et.hookimpl
+    def et_choose_recovery(self, trainer, failure):
+        self._record("et_choose_recovery", trainer=trainer, failure=failure)
+
+    @et.hookimpl
+    def et_make_mesh(self, trainer, slice_devices):
+        self._record("et_make_mesh", trainer=trainer, slice_devices=slice_devices)
+
+    @et.hookimpl
+    def et_before_checkpoint_save(self, trainer, step):
+        self._record("et_before_checkpoint_save", trainer=trainer, step=step)
+
+    @et.hookimpl
+    def et_after_checkpoint_save(self, trainer, step, directory):
+        self._record("et_after_checkpoint_save", trainer=trainer, step=step, directory=directory)
+
+    @et.hookimpl
+    def et_before_restore(self, trainer, step, source):
+        self._record("et_before_restore", trainer=trainer, step=step, source=source)
+
+    @et.hookimpl
+    def et_after_restore(self, trainer, step, source, state):
+        self._record("et_after_restore", trainer=trainer, step=step, source=source, state=state)
+
+
+def register_recorder(trainer):
+    """Register a :class:`Recorder`; returns the list its calls go to."""
+    recorder = Recorder()
+    trainer.plugin_manager.register(recorder, name="recorder")
+    return recorder.calls
+
+
+def test_recorder_covers_every_hook_with_every_argument():
+    for name in HOOKS:
+        spec = inspect.signature(getattr(hookspecs, name)).parameters
+        assert list(inspect.signature(getattr(Recorder, name)).parameters)[1:] == list(spec), name
+
+
+def test_every_hook_is_prefixed_and_documented():
+    assert HOOKS
+    for name in HOOKS:
+        doc = getattr(hookspecs, name).__doc__
+        assert doc and doc.strip().startswith("Called"), name
+        assert ":param" in doc, name
+
+
+def test_plugin_sees_hooks_of_a_run_in_documented_order(tiny_trainer_kwargs):
+    trainer = et.Trainer(**tiny_trainer_kwargs(steps=3))
+    calls = register_recorder(trainer)
+    trainer.fit()
+    names = [name for name, _ in calls]
+    assert names == ["et_run_start", "et_make_mesh", "et_step_end", "et_step_end", "et_step_end", "et_run_end"]
+    for name, kwargs in calls:
+        assert kwargs == sorted(inspect.signature(getattr(hookspecs, name)).parameters), name
+
+
+class FailingData(CountingData):
+    """Raises the error Pathways raises for a lost slice when asked for one given batch."""
+
+    def __init__(self, fail_at_position: int):
+        super().__init__()
+        self.fail_at_position = fail_at_position
+        self.position = 0
+
+    def get_batch(self, sample_ids: np.ndarray) -> np.ndarray:
+        if len(sample_ids) > 1:
+            self.position += len(sample_ids)
+            if self.position > self.fail_at_position:
+                raise jax.errors.JaxRuntimeError("DATA_LOSS: slice 1 is unreachable")
+        return super().get_batch(sample_ids)
+
+
+def test_failure_without_strategy_calls_failure_hooks_then_stops(tiny_trainer_kwargs):
+    trainer = et.Trainer(**tiny_trainer_kwargs(steps=4, data=FailingData(fail_at_position=48)))
+    calls = register_recorder(trainer)
+    with pytest.raises(et.TrainingStopped, match=r"\+strategy=NAME") as stopped:
+        trainer.fit()
+    names = [name for name, _ in calls]
+    assert names == [
+        "et_run_start", "et_make_mesh", "et_step_end", "et_step_end",
+        "et_classify_failure", "et_choose_recovery", "et_run_end",
+    ]
+    report = stopped.value.report
+    assert report["steps_completed"] == 2
+    assert report["failures"][0]["kind"] == "slice_lost"
+    assert report["failures"][0]["action"] == "stop"
