@@ -4,6 +4,7 @@ A dead slice surfaces as a Python exception, a strategy plugin decides what to
 do, and training continues at the exact step and data position.
 """
 
+from ._checkpoint import Checkpointer as Checkpointer
 from ._cluster import AbstractCluster as AbstractCluster, SimulatedCluster as SimulatedCluster
 from ._data import AbstractDataset as AbstractDataset, StdlibText as StdlibText, sample_ids as sample_ids
 from ._failures import (

@@ -28,7 +28,11 @@ def _app(cfg: DictConfig) -> None:
     started_at = psutil.Process().create_time()
     try:
         trainer = build_trainer(cfg, run_dir=HydraConfig.get().runtime.output_dir, started_at=started_at)
-        trainer.fit()
+        try:
+            trainer.fit()
+        finally:
+            if trainer.checkpointer:
+                trainer.checkpointer.close()
     except (ConfigError, PluginError) as error:
         _fail(str(error))
     except TrainingStopped as stop:

@@ -13,6 +13,7 @@ from hydra.utils import instantiate
 from omegaconf import MISSING, DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from ._checkpoint import Checkpointer
 from ._failures import ConfigError, check_at_least
 from ._trainer import Trainer
 
@@ -30,6 +31,24 @@ class TrainerConfig:
         check_at_least("trainer.global_batch_size", self.global_batch_size, 1)
         if self.within_slice not in ("replicated", "sharded"):
             raise ConfigError(f"trainer.within_slice must be 'replicated' or 'sharded', got {self.within_slice!r}.")
+
+
+@dataclasses.dataclass
+class CheckpointConfig:
+    """``checkpoint``: Orbax checkpoints of the train state."""
+
+    enabled: bool = True
+    period: int = 100
+    max_to_keep: int = 3
+    dir: str | None = None
+    resume: bool = False
+    async_save: bool = True
+
+    def __post_init__(self):
+        check_at_least("checkpoint.period", self.period, 1)
+        check_at_least("checkpoint.max_to_keep", self.max_to_keep, 1)
+        if self.resume and not self.enabled:
+            raise ConfigError("checkpoint.resume needs checkpoint.enabled=true.")
 
 
 @dataclasses.dataclass
@@ -130,6 +149,7 @@ class Config:
 
     seed: int = 0
     trainer: TrainerConfig = dataclasses.field(default_factory=TrainerConfig)
+    checkpoint: CheckpointConfig = dataclasses.field(default_factory=CheckpointConfig)
     cluster: Any = MISSING
     data: Any = MISSING
     model: Any = MISSING
@@ -164,6 +184,8 @@ def build_trainer(cfg: DictConfig, *, run_dir: str | Path | None = None, started
     cluster = _instantiate(cfg, "cluster")
     cluster.configure_jax()
     return Trainer(
+        checkpointer=_checkpointer(cfg.checkpoint, run_dir),
+        resume=cfg.checkpoint.resume,
         model=_instantiate(cfg, "model", key=jax.random.fold_in(jax.random.key(cfg.seed), 0)),
         loss_fn=_instantiate(cfg, "loss"),
         optimizer=_instantiate(cfg, "optimizer"),
@@ -176,6 +198,13 @@ def build_trainer(cfg: DictConfig, *, run_dir: str | Path | None = None, started
         run_dir=run_dir,
         started_at=started_at,
     )
+
+
+def _checkpointer(cfg: DictConfig, run_dir: str | Path | None) -> Checkpointer | None:
+    directory = cfg.dir or (run_dir and Path(run_dir) / "checkpoints")
+    if not cfg.enabled or not directory:
+        return None
+    return Checkpointer(directory, period=cfg.period, max_to_keep=cfg.max_to_keep, async_save=cfg.async_save)
 
 
 def _instantiate(cfg: DictConfig, section: str, **kwargs: Any) -> Any:

@@ -37,19 +37,28 @@ class GoodputClock:
         self.badput_s["startup"] = now - self.started_at
 
     @contextlib.contextmanager
-    def measure(self, category: str) -> Iterator[None]:
-        """Add the time spent in the ``with`` block to ``category`` (or ``"productive"``)."""
-        if category != "productive" and category not in self.badput_s:
-            raise ValueError(f"unknown goodput category {category!r}")
+    def measure(self, category: str, *, on_error: str | None = None) -> Iterator[None]:
+        """Add the time spent in the ``with`` block to ``category`` (or ``"productive"``).
+
+        :param on_error: the category that gets the time instead when the
+            block raises (a failed step's time is not productive).
+        """
+        for name in (category, on_error or category):
+            if name != "productive" and name not in self.badput_s:
+                raise ValueError(f"unknown goodput category {name!r}")
         begin = time.time()
         try:
             yield
-        finally:
-            spent = time.time() - begin
-            if category == "productive":
-                self.productive_s += spent
-            else:
-                self.badput_s[category] += spent
+        except BaseException:
+            self._add(on_error or category, time.time() - begin)
+            raise
+        self._add(category, time.time() - begin)
+
+    def _add(self, category: str, seconds: float) -> None:
+        if category == "productive":
+            self.productive_s += seconds
+        else:
+            self.badput_s[category] += seconds
 
     def stop(self) -> None:
         """Mark the end of training; time after it is not counted."""

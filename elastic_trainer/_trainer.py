@@ -14,6 +14,7 @@ import optax
 import pluggy
 from jaxtyping import PyTree
 
+from ._checkpoint import Checkpointer
 from ._cluster import AbstractCluster, SimulatedCluster
 from ._data import AbstractDataset, sample_ids
 from ._failures import ConfigError, Failure, PluginError, TrainingStopped, check_at_least
@@ -45,6 +46,10 @@ class Trainer:
     :param within_slice: ``"replicated"`` or ``"sharded"`` state within a slice.
     :param plugins: extra plugins, registered after the built-in ones.
     :param plugin_manager: use this manager instead of building one.
+    :param checkpointer: saves the state every ``checkpointer.period`` steps and
+        at the end; no checkpoints if ``None``.
+    :param resume: continue from the checkpointer's latest complete checkpoint
+        (an error if there is none).
     :param run_dir: where plugins write files (``report.json``); none if ``None``.
     :param started_at: when the wall clock starts (``time.time()``); the call
         to :meth:`fit` if ``None``.
@@ -64,6 +69,8 @@ class Trainer:
         within_slice: WithinSlice = "replicated",
         plugins: Iterable[object] = (),
         plugin_manager: pluggy.PluginManager | None = None,
+        checkpointer: Checkpointer | None = None,
+        resume: bool = False,
         run_dir: str | Path | None = None,
         started_at: float | None = None,
     ):
@@ -80,6 +87,10 @@ class Trainer:
         self.global_batch_size = global_batch_size
         self.seed = seed
         self.within_slice = within_slice
+        if resume and checkpointer is None:
+            raise ConfigError("resuming needs a checkpointer; pass checkpointer= (checkpoint.dir from the CLI).")
+        self.checkpointer = checkpointer
+        self.resume = resume
         self.run_dir = None if run_dir is None else Path(run_dir)
         self.started_at = started_at
         self.plugin_manager = make_plugin_manager(plugins) if plugin_manager is None else plugin_manager
@@ -111,25 +122,35 @@ class Trainer:
             compiled, shardings = compile_step(step_fn, arrays, batch_spec, self.mesh, within_slice=self.within_slice)
         with clock.measure("startup"):
             arrays = jax.device_put(arrays, shardings)
-            steps_completed = start_step = int(state.step)
-            position = start_position = int(state.data_position)
+        if self.resume:
+            with clock.measure("checkpoint_restore"):
+                arrays = self._restore(arrays, static)
+        steps_completed = start_step = int(arrays.step)
+        position = start_position = int(arrays.data_position)
 
         batch: jax.Array | None = None  # the next step's batch, when prepared ahead
         losses: list[jax.Array] = []
         stopped: TrainingStopped | None = None
-        with clock.measure("productive"):
-            try:
-                for step in range(start_step, self.steps):
-                    try:
+        try:
+            for step in range(start_step, self.steps):
+                try:
+                    with clock.measure("productive", on_error="wasted_progress"):
                         arrays, metrics, batch = self._run_step(compiled, arrays, batch, position, last=step + 1 == self.steps)
-                    except Exception as error:
-                        self._recover(error, step=step, phase="train_step")
+                except Exception as error:
+                    self._recover(error, step=step, phase="train_step")
+                with clock.measure("productive"):
                     position += self.global_batch_size
                     losses.append(metrics["loss"])
                     steps_completed = step + 1
-                    self.hook.et_step_end(trainer=self, step=step + 1, metrics=metrics)
-            except TrainingStopped as stop:
-                stopped = stop
+                    self.hook.et_step_end(trainer=self, step=steps_completed, metrics=metrics)
+                if self.checkpointer and (self.checkpointer.due(steps_completed) or steps_completed == self.steps):
+                    with clock.measure("checkpoint_save"):
+                        self._save(steps_completed, arrays, position)
+        except TrainingStopped as stop:
+            stopped = stop
+        if self.checkpointer:
+            with clock.measure("checkpoint_save"):
+                self.checkpointer.wait()
         clock.stop()
 
         report = self._report(clock, losses, steps_completed=steps_completed, samples=position - start_position)
@@ -139,6 +160,34 @@ class Trainer:
             stopped.report = report
             raise stopped
         return FitResult(eqx.combine(arrays, static), report)
+
+    def _save(self, step: int, arrays: PyTree, position: int) -> None:
+        self.hook.et_before_checkpoint_save(trainer=self, step=step)
+        self.checkpointer.save(step, arrays, self._checkpoint_metadata(step, position))
+        self.hook.et_after_checkpoint_save(trainer=self, step=step, directory=str(self.checkpointer.directory))
+
+    def _checkpoint_metadata(self, step: int, position: int) -> dict[str, Any]:
+        return {
+            "step": step,
+            "data_position": position,
+            "seed": self.seed,
+            "global_batch_size": self.global_batch_size,
+            "cluster": self.cluster.describe(),
+            "mesh": dict(self.mesh.shape),
+            "within_slice": self.within_slice,
+        }
+
+    def _restore(self, arrays: PyTree, static: PyTree) -> PyTree:
+        step = self.checkpointer.latest_step()
+        if step is None:
+            raise ConfigError(
+                f"checkpoint.resume is set but {self.checkpointer.directory} holds no complete checkpoint; "
+                "point checkpoint.dir at a run's checkpoints, or drop checkpoint.resume to start afresh."
+            )
+        self.hook.et_before_restore(trainer=self, step=step, source="checkpoint")
+        arrays, _ = self.checkpointer.restore(step, like=arrays)
+        self.hook.et_after_restore(trainer=self, step=step, source="checkpoint", state=eqx.combine(arrays, static))
+        return arrays
 
     def _make_mesh(self, slice_devices: list[list[jax.Device]]) -> jax.sharding.Mesh:
         mesh = self.hook.et_make_mesh(trainer=self, slice_devices=slice_devices)

@@ -5,10 +5,13 @@ parameters it needs and new parameters never break old plugins. In one run they
 fire in this order::
 
     et_run_start
-    et_make_mesh                      (once for the initial mesh)
+    et_make_mesh                      (once, for the initial mesh)
+    et_before_restore, et_after_restore         (when resuming)
     et_step_end                       (after every step)
+        et_before_checkpoint_save, et_after_checkpoint_save
+                                      (after the step end of a step that is saved)
         on a failure:
-        et_classify_failure -> et_choose_recovery -> et_make_mesh (new mesh)
+        et_classify_failure -> et_choose_recovery
     et_run_end
 """
 
@@ -45,7 +48,8 @@ def et_run_start(trainer: Trainer, state: TrainState) -> None:
 
     :param trainer: the trainer about to run; read ``trainer.steps``,
         ``trainer.cluster`` and ``trainer.run_dir`` from it.
-    :param state: the initial (or restored) train state, not yet on the mesh.
+    :param state: the initial train state, not yet on the mesh (a resumed run
+        restores its checkpoint later, see :func:`et_after_restore`).
 
     Return value is ignored.
     """

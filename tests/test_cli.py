@@ -38,6 +38,7 @@ def test_twenty_steps_write_a_complete_report(tmp_path):
     assert report["goodput"] == pytest.approx(report["productive_s"] / report["wall_s"])
     assert "step 20/20" in result.stdout  # plain progress lines when stdout is not a terminal
     assert "goodput" in result.stdout  # the human summary
+    assert (tmp_path / "checkpoints" / "20").is_dir()  # the last step is always saved
 
 
 @pytest.mark.parametrize(
@@ -46,6 +47,7 @@ def test_twenty_steps_write_a_complete_report(tmp_path):
         ("cluster.slices=0", "elastic_trainer: error: cluster.slices must be at least 1, got 0.\n"),
         ("+strategy=nope", "elastic_trainer: error: there is no strategy 'nope'"),
         ("cluster=simulatd", "elastic_trainer: error: there is no cluster 'simulatd' (did you mean cluster=simulated?)"),
+        ("checkpoint.resume=true", "elastic_trainer: error: checkpoint.resume is set but "),
     ],
 )
 def test_bad_input_fails_fast_with_one_sentence(tmp_path, override, message):

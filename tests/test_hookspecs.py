@@ -122,3 +122,24 @@ def test_failure_without_strategy_calls_failure_hooks_then_stops(tiny_trainer_kw
     assert report["steps_completed"] == 2
     assert report["failures"][0]["kind"] == "slice_lost"
     assert report["failures"][0]["action"] == "stop"
+
+
+def test_plugin_sees_checkpoint_and_restore_hooks_in_documented_order(tiny_trainer_kwargs, tmp_path):
+    first = et.Trainer(**tiny_trainer_kwargs(steps=4, checkpointer=et.Checkpointer(tmp_path, period=2)))
+    calls = register_recorder(first)
+    first.fit()
+    assert [name for name, _ in calls] == [
+        "et_run_start", "et_make_mesh",
+        "et_step_end", "et_step_end", "et_before_checkpoint_save", "et_after_checkpoint_save",
+        "et_step_end", "et_step_end", "et_before_checkpoint_save", "et_after_checkpoint_save",
+        "et_run_end",
+    ]
+    resumed = et.Trainer(**tiny_trainer_kwargs(steps=5, checkpointer=et.Checkpointer(tmp_path, period=2), resume=True))
+    calls = register_recorder(resumed)
+    resumed.fit()
+    assert [name for name, _ in calls] == [
+        "et_run_start", "et_make_mesh", "et_before_restore", "et_after_restore",
+        "et_step_end", "et_before_checkpoint_save", "et_after_checkpoint_save", "et_run_end",
+    ]
+    for name, kwargs in calls:
+        assert kwargs == sorted(inspect.signature(getattr(hookspecs, name)).parameters), name

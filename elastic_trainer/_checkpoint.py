@@ -1,0 +1,72 @@
+"""Checkpoints of the train state, stored by Orbax."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import jax
+import orbax.checkpoint as ocp
+from jaxtyping import PyTree
+
+from ._failures import check_at_least
+
+
+class Checkpointer:
+    """Saves and restores a train state's arrays, plus JSON metadata, with Orbax.
+
+    A save of step ``s`` happens when ``s`` is a multiple of ``period`` or
+    when forced (the last step). Saves are asynchronous by default: the step
+    loop waits only while the arrays are copied off the devices, and Orbax
+    commits the files in the background. A restore targets abstract arrays
+    with the current shardings, so a checkpoint loads onto any mesh.
+
+    :param directory: where the checkpoints go (one folder per step).
+    :param period: save every this many steps.
+    :param max_to_keep: keep at most this many checkpoints; older ones are deleted.
+    :param async_save: commit in the background.
+    """
+
+    def __init__(self, directory: str | Path, *, period: int = 100, max_to_keep: int = 3, async_save: bool = True):
+        check_at_least("checkpoint.period", period, 1)
+        check_at_least("checkpoint.max_to_keep", max_to_keep, 1)
+        self.directory = Path(directory).absolute()
+        self.period = period
+        self.manager = ocp.CheckpointManager(
+            self.directory,
+            options=ocp.CheckpointManagerOptions(
+                save_interval_steps=period, max_to_keep=max_to_keep, enable_async_checkpointing=async_save, create=True
+            ),
+        )
+
+    def due(self, step: int) -> bool:
+        """Whether step ``step`` is one to save."""
+        return step % self.period == 0
+
+    def save(self, step: int, arrays: PyTree, metadata: dict[str, Any]) -> None:
+        """Start saving ``arrays`` and ``metadata`` as step ``step``."""
+        self.manager.save(
+            step,
+            args=ocp.args.Composite(state=ocp.args.StandardSave(arrays), metadata=ocp.args.JsonSave(metadata)),
+            force=True,
+        )
+
+    def latest_step(self) -> int | None:
+        """The newest step that Orbax committed, or ``None``."""
+        return self.manager.latest_step()
+
+    def restore(self, step: int, like: PyTree) -> tuple[PyTree, dict[str, Any]]:
+        """Load step ``step`` into arrays shaped and sharded like ``like``; returns them and the metadata."""
+        abstract = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=a.sharding), like)
+        restored = self.manager.restore(
+            step, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract), metadata=ocp.args.JsonRestore())
+        )
+        return restored.state, restored.metadata
+
+    def wait(self) -> None:
+        """Block until every started save is committed."""
+        self.manager.wait_until_finished()
+
+    def close(self) -> None:
+        """Finish pending saves and release Orbax's resources."""
+        self.manager.close()
