@@ -11,6 +11,8 @@ from ._failures import (
     ConfigError as ConfigError,
     Failure as Failure,
     PluginError as PluginError,
+    RecoveryPlan as RecoveryPlan,
+    SliceLostError as SliceLostError,
     TrainingStopped as TrainingStopped,
 )
 from ._goodput import BADPUT_CATEGORIES as BADPUT_CATEGORIES, GoodputClock as GoodputClock

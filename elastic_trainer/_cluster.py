@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import abc
+import time
 from collections.abc import Sequence
 
 import jax
+import numpy as np
+from jaxtyping import PyTree
 
-from ._failures import ConfigError, check_at_least
+from ._failures import ConfigError, SliceLostError, check_at_least
 
 
 class AbstractCluster(abc.ABC):
@@ -27,12 +30,44 @@ class AbstractCluster(abc.ABC):
     def describe(self) -> dict:
         """The cluster as the report's ``cluster`` field."""
 
+    @abc.abstractmethod
+    def healthy_slices(self) -> list[int]:
+        """Indices of the slices that are up now."""
+
+    def incarnations(self) -> tuple[int, ...]:
+        """How often each slice has failed so far.
+
+        Data placed on a slice before its count changed is gone, even if the
+        slice is healthy again. By default no slice has ever failed.
+        """
+        return (0,) * len(self.slice_devices())
+
+    def check_step(self, slices: Sequence[int]) -> None:
+        """Raise what the hardware raises if a slice in ``slices`` was lost during the step.
+
+        Real runtimes raise from the step itself, so by default this does nothing.
+        """
+
+    def surviving(self, tree: PyTree, lost_slices: Sequence[int]) -> PyTree:
+        """What is left of ``tree`` once ``lost_slices`` are gone.
+
+        On real hardware the lost shards are already unreadable, so by default
+        ``tree`` comes back as it is.
+        """
+        return tree
+
 
 class SimulatedCluster(AbstractCluster):
     """Slices made of CPU devices in this process, standing in for accelerator slices.
 
     :param slices: number of slices (data parallel across them).
     :param devices_per_slice: CPU devices in each slice.
+
+    A slice fails with :meth:`fail_slice` (the chaos plugin calls it) the way
+    a real one does: the next step on a mesh that includes it raises a
+    ``DATA_LOSS`` error, its shards are destroyed (overwritten with NaN, or the
+    largest integer), and health checks report it down until its down time
+    has passed.
     """
 
     kind = "simulated"
@@ -42,6 +77,8 @@ class SimulatedCluster(AbstractCluster):
         check_at_least("cluster.devices_per_slice", devices_per_slice, 1)
         self.slices = slices
         self.devices_per_slice = devices_per_slice
+        self._down_until = [0.0] * slices
+        self._failures = [0] * slices
 
     @property
     def num_devices(self) -> int:
@@ -73,3 +110,40 @@ class SimulatedCluster(AbstractCluster):
 
     def describe(self) -> dict:
         return {"kind": self.kind, "slices": self.slices, "devices_per_slice": self.devices_per_slice}
+
+    def fail_slice(self, index: int, *, down_for_s: float) -> None:
+        """Lose slice ``index`` now; it comes back after ``down_for_s`` seconds."""
+        if not 0 <= index < self.slices:
+            raise ConfigError(f"slice {index} does not exist; the cluster has slices 0 to {self.slices - 1}.")
+        self._down_until[index] = time.monotonic() + down_for_s
+        self._failures[index] += 1
+
+    def healthy_slices(self) -> list[int]:
+        now = time.monotonic()
+        return [i for i, until in enumerate(self._down_until) if until <= now]
+
+    def incarnations(self) -> tuple[int, ...]:
+        return tuple(self._failures)
+
+    def check_step(self, slices: Sequence[int]) -> None:
+        lost = sorted(set(slices) - set(self.healthy_slices()))
+        if lost:
+            raise SliceLostError(f"DATA_LOSS: simulated slice(s) {lost} lost during the step", slices=lost)
+
+    def surviving(self, tree: PyTree, lost_slices: Sequence[int]) -> PyTree:
+        all_slices = self.slice_devices()
+        dead = {device for index in lost_slices for device in all_slices[index]}
+
+        def destroy(array: jax.Array) -> jax.Array:
+            if not isinstance(array, jax.Array) or not dead & set(array.sharding.device_set):
+                return array
+            garbage = np.nan if np.issubdtype(array.dtype, np.inexact) else np.iinfo(array.dtype).max
+            shards = [
+                jax.device_put(np.full(shard.data.shape, garbage, array.dtype), shard.device)
+                if shard.device in dead
+                else shard.data
+                for shard in array.addressable_shards
+            ]
+            return jax.make_array_from_single_device_arrays(array.shape, array.sharding, shards)
+
+        return jax.tree.map(destroy, tree)

@@ -25,10 +25,12 @@ class TrainerConfig:
     steps: int = 300
     global_batch_size: int = 48
     within_slice: str = "replicated"
+    snapshot_period: int = 10
 
     def __post_init__(self):
         check_at_least("trainer.steps", self.steps, 1)
         check_at_least("trainer.global_batch_size", self.global_batch_size, 1)
+        check_at_least("trainer.snapshot_period", self.snapshot_period, 0)
         if self.within_slice not in ("replicated", "sharded"):
             raise ConfigError(f"trainer.within_slice must be 'replicated' or 'sharded', got {self.within_slice!r}.")
 
@@ -144,6 +146,48 @@ class FunctionConfig:
 
 
 @dataclasses.dataclass
+class ScaleDownConfig:
+    """``+strategy=scale_down``; value checks live in the plugin's constructor."""
+
+    _target_: str = "elastic_trainer_plugins.scale_down.ScaleDown"
+    min_slice_count: int = 1
+    scale_up: bool = True
+    batch_policy: str = "keep_global"
+    lr_scaling: str = "linear"
+    max_retries: int = 10
+
+
+@dataclasses.dataclass
+class PauseResumeConfig:
+    """``+strategy=pause_resume``; value checks live in the plugin's constructor."""
+
+    _target_: str = "elastic_trainer_plugins.pause_resume.PauseResume"
+    timeout_s: float = 300.0
+    max_retries: int = 10
+
+
+@dataclasses.dataclass
+class ScheduledFailureConfig:
+    """One entry of ``chaos.failures``."""
+
+    at_step: int = MISSING
+    slice: int = MISSING
+    phase: str = "train_step"
+    down_for_s: float = 1e9
+
+
+@dataclasses.dataclass
+class ChaosConfig:
+    """``+chaos=schedule`` or ``+chaos=random``; value checks live in the plugin's constructor."""
+
+    _target_: str = "elastic_trainer_plugins.chaos.Chaos"
+    failures: list[ScheduledFailureConfig] = dataclasses.field(default_factory=list)
+    mean_steps_between_failures: float = 0.0
+    random_down_for_s: float = 1e9
+    seed: int = 0
+
+
+@dataclasses.dataclass
 class Config:
     """The whole run. Groups without a schema of ours (a user's model) are free-form."""
 
@@ -155,6 +199,8 @@ class Config:
     model: Any = MISSING
     optimizer: Any = MISSING
     loss: Any = MISSING
+    strategy: Any = None
+    chaos: Any = None
 
 
 def register_configs() -> None:
@@ -167,6 +213,9 @@ def register_configs() -> None:
         ("data", "stdlib_text", StdlibTextConfig),
         ("optimizer", "adamw", AdamWConfig),
         ("loss", "function", FunctionConfig),
+        ("strategy", "scale_down", ScaleDownConfig),
+        ("strategy", "pause_resume", PauseResumeConfig),
+        ("chaos", "chaos", ChaosConfig),
     ):
         store.store(group=f"schema/{group}", name=name, node=node)
 
@@ -194,6 +243,9 @@ def build_trainer(cfg: DictConfig, *, run_dir: str | Path | None = None, started
         steps=cfg.trainer.steps,
         global_batch_size=cfg.trainer.global_batch_size,
         within_slice=cfg.trainer.within_slice,
+        snapshot_period=cfg.trainer.snapshot_period,
+        strategy=_instantiate(cfg, "strategy") if cfg.strategy is not None else None,
+        plugins=[_instantiate(cfg, "chaos")] if cfg.chaos is not None else [],
         seed=cfg.seed,
         run_dir=run_dir,
         started_at=started_at,

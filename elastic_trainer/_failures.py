@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 
+import jax
+
 
 @dataclasses.dataclass(frozen=True)
 class Failure:
@@ -23,6 +25,41 @@ class Failure:
     elastic: bool
     kind: str
     slices: tuple[int, ...] = ()
+
+
+class SliceLostError(jax.errors.JaxRuntimeError):
+    """A ``DATA_LOSS`` error, as Pathways raises it when slices die; ``slices`` names them."""
+
+    def __init__(self, message: str, *, slices: tuple[int, ...] | list[int]):
+        super().__init__(message)
+        self.slices = tuple(slices)
+
+
+@dataclasses.dataclass(frozen=True)
+class RecoveryPlan:
+    """What a strategy decided to do about a failure; the trainer carries it out.
+
+    :param action: the name the report gives this recovery (``"scale_down"``, ...).
+    :param wait_for_all_s: wait up to this long for every slice to be healthy
+        before going on (0: go on at once with the healthy ones).
+    :param min_slices: stop training if fewer slices than this are healthy
+        after the wait.
+    :param keep_global_batch: keep the global batch (and so the sample order),
+        growing the per-device batch; otherwise keep the per-device batch and
+        shrink the global one.
+    :param lr_scaling: with a shrunk global batch, scale the learning rate by
+        the batch ratio (``"linear"``), its square root (``"sqrt"``) or not
+        at all (``"none"``).
+    :param restart_process: end this worker so the supervisor starts a fresh
+        one that restores the last checkpoint (a full restart).
+    """
+
+    action: str
+    wait_for_all_s: float = 0.0
+    min_slices: int = 1
+    keep_global_batch: bool = True
+    lr_scaling: str = "linear"
+    restart_process: bool = False
 
 
 class ConfigError(ValueError):

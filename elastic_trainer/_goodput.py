@@ -60,6 +60,11 @@ class GoodputClock:
         else:
             self.badput_s[category] += seconds
 
+    def reclassify_productive(self, seconds: float) -> None:
+        """Move ``seconds`` of productive time to ``wasted_progress`` (steps rolled back)."""
+        self.productive_s -= seconds
+        self.badput_s["wasted_progress"] += seconds
+
     def stop(self) -> None:
         """Mark the end of training; time after it is not counted."""
         self.ended_at = time.time()

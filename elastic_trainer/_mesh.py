@@ -54,3 +54,22 @@ def state_shardings(state: PyTree, mesh: Mesh, *, within_slice: WithinSlice) -> 
         return NamedSharding(mesh, PartitionSpec(*spec))
 
     return jax.tree.map(sharding_of, state)
+
+
+def keep_slices(tree: PyTree, mesh: Mesh, slices: Sequence[int]) -> PyTree:
+    """``tree`` re-assembled from the shards on ``slices`` of ``mesh`` alone.
+
+    Every slice holds a full copy, so the shards of any one slice make up
+    each array; nothing is read from the other slices' devices, and nothing
+    is copied. The result lives on a mesh of just those slices.
+    """
+    kept = Mesh(mesh.devices[list(slices)], mesh.axis_names)
+
+    def keep(array: jax.Array) -> jax.Array:
+        sharding = NamedSharding(kept, array.sharding.spec)
+        by_device = {shard.device: shard.data for shard in array.addressable_shards}
+        return jax.make_array_from_single_device_arrays(
+            array.shape, sharding, [by_device[device] for device in kept.devices.flat]
+        )
+
+    return jax.tree.map(keep, tree)

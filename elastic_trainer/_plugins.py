@@ -17,6 +17,7 @@ DISABLE_AUTOLOAD_ENV = "ELASTIC_TRAINER_DISABLE_PLUGIN_AUTOLOAD"
 
 DEFAULT_PLUGINS = (
     "elastic_trainer_plugins.failures",
+    "elastic_trainer_plugins.health",
     "elastic_trainer_plugins.mesh",
     "elastic_trainer_plugins.progress:ProgressPlugin",
     "elastic_trainer_plugins.report",

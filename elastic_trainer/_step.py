@@ -7,6 +7,7 @@ from typing import Any
 
 import equinox as eqx
 import jax
+import jax.numpy as jnp
 import optax
 from jax.sharding import Mesh
 from jaxtyping import Array, PyTree
@@ -17,7 +18,7 @@ from ._state import TrainState
 LossFn = Callable[..., Array]
 """``loss_fn(model, batch, *, key) -> scalar loss``."""
 
-StepFn = Callable[[PyTree, jax.Array], tuple[PyTree, dict[str, jax.Array]]]
+StepFn = Callable[[PyTree, jax.Array, jax.Array], tuple[PyTree, dict[str, jax.Array]]]
 
 
 def make_step_fn(loss_fn: LossFn, optimizer: optax.GradientTransformation, static: PyTree) -> StepFn:
@@ -25,14 +26,16 @@ def make_step_fn(loss_fn: LossFn, optimizer: optax.GradientTransformation, stati
 
     ``static`` is the non-array part (``eqx.partition(state, eqx.is_array)[1]``);
     the step takes and returns the array part, so it can be jitted with
-    explicit shardings and its input buffers donated.
+    explicit shardings. ``lr_scale`` multiplies the updates: the learning-rate
+    rescaling of a shrunk global batch (1 otherwise).
     """
 
-    def step(arrays: PyTree, batch: jax.Array) -> tuple[PyTree, dict[str, jax.Array]]:
+    def step(arrays: PyTree, batch: jax.Array, lr_scale: jax.Array) -> tuple[PyTree, dict[str, jax.Array]]:
         state: TrainState = eqx.combine(arrays, static)
         key, step_key = jax.random.split(jax.random.wrap_key_data(state.key))
         loss, grads = eqx.filter_value_and_grad(loss_fn)(state.params, batch, key=step_key)
         updates, opt_state = optimizer.update(grads, state.opt_state, eqx.filter(state.params, eqx.is_array))
+        updates = jax.tree.map(lambda u: u * lr_scale.astype(u.dtype), updates)
         new_state = TrainState(
             params=eqx.apply_updates(state.params, updates),
             opt_state=opt_state,
@@ -55,15 +58,15 @@ def compile_step(
 ) -> tuple[Any, PyTree]:
     """Compile ``step_fn`` for ``mesh`` ahead of time.
 
-    Returns the compiled step and the state shardings it expects; the state's
-    buffers are donated to the step.
+    Returns the compiled step and the state shardings it expects. The input
+    state is not donated: until a step has succeeded everywhere, the state
+    before it is what survivors of a failure restore from.
     """
     shardings = state_shardings(arrays, mesh, within_slice=within_slice)
     jitted = jax.jit(
         step_fn,
-        in_shardings=(shardings, batch_sharding(mesh)),
+        in_shardings=(shardings, batch_sharding(mesh), replicated(mesh)),
         out_shardings=(shardings, replicated(mesh)),
-        donate_argnums=0,
     )
     abstract = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), arrays)
-    return jitted.lower(abstract, batch).compile(), shardings
+    return jitted.lower(abstract, batch, jax.ShapeDtypeStruct((), jnp.float32)).compile(), shardings

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import dataclasses
+import math
+import time
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -12,17 +15,26 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pluggy
+from jax.sharding import Mesh
 from jaxtyping import PyTree
 
 from ._checkpoint import Checkpointer
 from ._cluster import AbstractCluster, SimulatedCluster
 from ._data import AbstractDataset, sample_ids
-from ._failures import ConfigError, Failure, PluginError, TrainingStopped, check_at_least
+from ._failures import ConfigError, Failure, PluginError, RecoveryPlan, TrainingStopped, check_at_least
 from ._goodput import GoodputClock
-from ._mesh import DEVICE_AXIS, SLICE_AXIS, WithinSlice, batch_sharding
+from ._ledger import SampleLedger
+from ._mesh import DEVICE_AXIS, SLICE_AXIS, WithinSlice, batch_sharding, keep_slices
 from ._plugins import make_plugin_manager
 from ._state import TrainState, init_train_state
 from ._step import LossFn, compile_step, make_step_fn
+
+_HEALTH_POLL_S = 0.05
+
+
+def strategy_name(strategy: object) -> str:
+    """A strategy's name: its ``name`` attribute, else its class name."""
+    return getattr(strategy, "name", type(strategy).__name__)
 
 
 class FitResult(NamedTuple):
@@ -30,6 +42,18 @@ class FitResult(NamedTuple):
 
     state: TrainState
     report: dict[str, Any]
+
+
+@dataclasses.dataclass(frozen=True)
+class _Layout:
+    """The slices in use, their mesh, the global batch and the step compiled for them."""
+
+    slices: tuple[int, ...]
+    mesh: Mesh
+    batch_size: int
+    lr_scale: float
+    compiled: Any
+    shardings: PyTree
 
 
 class Trainer:
@@ -44,8 +68,12 @@ class Trainer:
     :param cluster: where to run; 4 simulated slices of 2 CPU devices by default.
     :param seed: seeds the data order and the per-step keys.
     :param within_slice: ``"replicated"`` or ``"sharded"`` state within a slice.
+    :param snapshot_period: copy the state to host memory every this many
+        steps, to restore from when no slice survives (0: never).
     :param plugins: extra plugins, registered after the built-in ones.
     :param plugin_manager: use this manager instead of building one.
+    :param strategy: the recovery strategy, a plugin implementing
+        ``et_choose_recovery``; with none, a failure stops training.
     :param checkpointer: saves the state every ``checkpointer.period`` steps and
         at the end; no checkpoints if ``None``.
     :param resume: continue from the checkpointer's latest complete checkpoint
@@ -67,8 +95,10 @@ class Trainer:
         cluster: AbstractCluster | None = None,
         seed: int = 0,
         within_slice: WithinSlice = "replicated",
+        snapshot_period: int = 10,
         plugins: Iterable[object] = (),
         plugin_manager: pluggy.PluginManager | None = None,
+        strategy: object | None = None,
         checkpointer: Checkpointer | None = None,
         resume: bool = False,
         run_dir: str | Path | None = None,
@@ -77,8 +107,11 @@ class Trainer:
         self.cluster = SimulatedCluster() if cluster is None else cluster
         check_at_least("trainer.steps", steps, 1)
         check_at_least("trainer.global_batch_size", global_batch_size, 1)
+        check_at_least("trainer.snapshot_period", snapshot_period, 0)
         if within_slice not in ("replicated", "sharded"):
             raise ConfigError(f"trainer.within_slice must be 'replicated' or 'sharded', got {within_slice!r}.")
+        if resume and checkpointer is None:
+            raise ConfigError("resuming needs a checkpointer; pass checkpointer= (checkpoint.dir from the CLI).")
         self.model = model
         self.loss_fn = loss_fn
         self.optimizer = optimizer
@@ -87,20 +120,26 @@ class Trainer:
         self.global_batch_size = global_batch_size
         self.seed = seed
         self.within_slice = within_slice
-        if resume and checkpointer is None:
-            raise ConfigError("resuming needs a checkpointer; pass checkpointer= (checkpoint.dir from the CLI).")
+        self.snapshot_period = snapshot_period
         self.checkpointer = checkpointer
         self.resume = resume
         self.run_dir = None if run_dir is None else Path(run_dir)
         self.started_at = started_at
         self.plugin_manager = make_plugin_manager(plugins) if plugin_manager is None else plugin_manager
-        self.mesh: jax.sharding.Mesh | None = None
+        self.strategy = strategy
+        if strategy is not None:
+            self.plugin_manager.register(strategy, name=f"strategy:{strategy_name(strategy)}")
+        self.mesh: Mesh | None = None
+        self.slices: tuple[int, ...] = ()
         self.failures: list[dict[str, Any]] = []
+        self.resizes: list[dict[str, Any]] = []
 
     @property
     def hook(self) -> pluggy.HookRelay:
         """The plugin manager's hooks; call them with keyword arguments."""
         return self.plugin_manager.hook
+
+    # ------------------------------------------------------------------ the loop
 
     def fit(self) -> FitResult:
         """Train until ``steps`` steps are completed; returns the state and report.
@@ -108,44 +147,69 @@ class Trainer:
         Raises :class:`TrainingStopped` (with the report attached) when a failure
         stops training before the last step.
         """
-        clock = GoodputClock(self.started_at)
+        self._clock = clock = GoodputClock(self.started_at)
         with clock.measure("startup"):
+            if self.checkpointer and not self.resume and self.checkpointer.latest_step() is not None:
+                raise ConfigError(
+                    f"{self.checkpointer.directory} already holds checkpoints (newest: step "
+                    f"{self.checkpointer.latest_step()}); continue that run with checkpoint.resume=true, "
+                    "or choose another checkpoint.dir."
+                )
             self.cluster.configure_jax()
             state = init_train_state(self.model, self.optimizer, key=jax.random.fold_in(jax.random.key(self.seed), 1))
         self.hook.et_run_start(trainer=self, state=state)
         with clock.measure("startup"):
-            self.mesh = self._make_mesh(self.cluster.slice_devices())
-            arrays, static = eqx.partition(state, eqx.is_array)
-            step_fn = make_step_fn(self.loss_fn, self.optimizer, static)
-            batch_spec = self._batch_spec()
-        with clock.measure("compile"):
-            compiled, shardings = compile_step(step_fn, arrays, batch_spec, self.mesh, within_slice=self.within_slice)
+            arrays, self._static = eqx.partition(state, eqx.is_array)
+            self._step_fn = make_step_fn(self.loss_fn, self.optimizer, self._static)
+            self._sample = np.asarray(self.data.get_batch(np.zeros(1, dtype=np.int64)))
+            self._compiled: dict[tuple, tuple[Any, PyTree, float]] = {}
+            self._compile_saved_s = 0.0
+            self._snapshot: tuple[int, PyTree] | None = None
+            self._abstract = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), arrays)
+            self._step_seconds: dict[int, float] = {}
+        layout = self._layout(tuple(range(len(self.cluster.slice_devices()))), plan=None)
         with clock.measure("startup"):
-            arrays = jax.device_put(arrays, shardings)
+            arrays = jax.device_put(arrays, layout.shardings)
         if self.resume:
             with clock.measure("checkpoint_restore"):
-                arrays = self._restore(arrays, static)
-        steps_completed = start_step = int(arrays.step)
+                arrays = self._restore_checkpoint(arrays, layout)
+        step = start_step = int(arrays.step)
         position = start_position = int(arrays.data_position)
-
-        batch: jax.Array | None = None  # the next step's batch, when prepared ahead
-        losses: list[jax.Array] = []
+        self._ledger = SampleLedger(self.data.num_samples, seed=self.seed, start_position=start_position)
+        self._pending_recovery: dict[str, Any] | None = None
+        self._incarnations = self.cluster.incarnations()  # as of the last good state
+        losses: dict[int, jax.Array] = {}
         stopped: TrainingStopped | None = None
         try:
-            for step in range(start_step, self.steps):
+            while step < self.steps:
+                self.hook.et_step_start(trainer=self, step=step)
+                began = time.time()
                 try:
                     with clock.measure("productive", on_error="wasted_progress"):
-                        arrays, metrics, batch = self._run_step(compiled, arrays, batch, position, last=step + 1 == self.steps)
+                        ids = self._sample_ids(position, layout.batch_size)
+                        new_arrays, metrics = self._run_step(layout, arrays, ids)
                 except Exception as error:
-                    self._recover(error, step=step, phase="train_step")
+                    arrays, layout = self._recover(error, step=step, arrays=arrays, layout=layout)
+                    step, position = int(arrays.step), int(arrays.data_position)
+                    self._ledger.roll_back(step)
+                    losses = {s: loss for s, loss in losses.items() if s < step}
+                    continue
                 with clock.measure("productive"):
-                    position += self.global_batch_size
-                    losses.append(metrics["loss"])
-                    steps_completed = step + 1
-                    self.hook.et_step_end(trainer=self, step=steps_completed, metrics=metrics)
-                if self.checkpointer and (self.checkpointer.due(steps_completed) or steps_completed == self.steps):
+                    arrays = new_arrays
+                    self._ledger.commit(step, ids)
+                    losses[step] = metrics["loss"]
+                    step += 1
+                    position += layout.batch_size
+                    self._finish_recovery()
+                    self._incarnations = self.cluster.incarnations()
+                    self.hook.et_step_end(trainer=self, step=step, metrics=metrics)
+                    self._take_snapshot(step, arrays)
+                self._step_seconds[step - 1] = time.time() - began
+                if self.checkpointer and (self.checkpointer.due(step) or step == self.steps):
                     with clock.measure("checkpoint_save"):
-                        self._save(steps_completed, arrays, position)
+                        self._save(step, arrays, position)
+                if step < self.steps:
+                    arrays, layout = self._maybe_resize(step, arrays, layout)
         except TrainingStopped as stop:
             stopped = stop
         if self.checkpointer:
@@ -153,13 +217,229 @@ class Trainer:
                 self.checkpointer.wait()
         clock.stop()
 
-        report = self._report(clock, losses, steps_completed=steps_completed, samples=position - start_position)
+        report = self._report(losses, steps_completed=step, samples=self._ledger.counts(position))
         report["stopped"] = None if stopped is None else str(stopped)
         self.hook.et_run_end(trainer=self, report=report)
         if stopped is not None:
             stopped.report = report
             raise stopped
-        return FitResult(eqx.combine(arrays, static), report)
+        return FitResult(eqx.combine(arrays, self._static), report)
+
+    def _sample_ids(self, position: int, count: int) -> np.ndarray:
+        return sample_ids(self.data.num_samples, seed=self.seed, start=position, count=count)
+
+    def _run_step(self, layout: _Layout, arrays: PyTree, ids: np.ndarray) -> tuple[PyTree, dict]:
+        """Run one step to completion on ``layout``.
+
+        The step is waited for before the next one starts: one step in flight
+        at a time. XLA:CPU deadlocks when several multi-device steps with
+        collectives run at once (measured with 8 devices on 2 cores), and a
+        failure must surface at the step it belongs to, so that the state
+        before it is known to be whole.
+        """
+        batch = jax.device_put(self.data.get_batch(ids), batch_sharding(layout.mesh))
+        new_arrays, metrics = layout.compiled(arrays, batch, jnp.float32(layout.lr_scale))
+        jax.block_until_ready(new_arrays)
+        self.cluster.check_step(layout.slices)
+        return new_arrays, metrics
+
+    # ------------------------------------------------------------------ layouts
+
+    def _layout(self, slices: tuple[int, ...], *, plan: RecoveryPlan | None) -> _Layout:
+        """Mesh the slices (through the hook) and get a step compiled for them."""
+        all_devices = self.cluster.slice_devices()
+        with self._clock.measure("remesh" if self.mesh is not None else "startup"):
+            mesh = self._make_mesh([all_devices[i] for i in slices])
+        batch_size, lr_scale = self._batch_for(mesh, slices, plan)
+        key = (tuple(d.id for d in mesh.devices.flat), batch_size)
+        if key in self._compiled:
+            compiled, shardings, compile_s = self._compiled[key]
+            self._compile_saved_s += compile_s
+            self._last_compile = {"compile_s": 0.0, "compile_cached": True}
+        else:
+            spec = jax.ShapeDtypeStruct((batch_size, *self._sample.shape[1:]), self._sample.dtype,
+                                        sharding=batch_sharding(mesh))
+            begin = time.time()
+            with self._clock.measure("compile"):
+                compiled, shardings = compile_step(self._step_fn, self._abstract, spec, mesh,
+                                                   within_slice=self.within_slice)
+            compile_s = time.time() - begin
+            self._compiled[key] = (compiled, shardings, compile_s)
+            self._last_compile = {"compile_s": compile_s, "compile_cached": False}
+        self.mesh, self.slices = mesh, slices
+        return _Layout(slices, mesh, batch_size, lr_scale, compiled, shardings)
+
+    def _make_mesh(self, slice_devices: list[list[jax.Device]]) -> Mesh:
+        mesh = self.hook.et_make_mesh(trainer=self, slice_devices=slice_devices)
+        if not isinstance(mesh, Mesh) or mesh.axis_names != (SLICE_AXIS, DEVICE_AXIS):
+            raise PluginError(
+                f"et_make_mesh returned {mesh!r}; a plugin must return a jax.sharding.Mesh "
+                f"with axes ({SLICE_AXIS!r}, {DEVICE_AXIS!r})."
+            )
+        return mesh
+
+    def _batch_for(self, mesh: Mesh, slices: tuple[int, ...], plan: RecoveryPlan | None) -> tuple[int, float]:
+        """The global batch and learning-rate scale on ``mesh`` under ``plan``'s batch policy."""
+        batch_size, lr_scale = self.global_batch_size, 1.0
+        if plan is not None and not plan.keep_global_batch:
+            full_devices = len(self.cluster.slice_devices()) * mesh.shape[DEVICE_AXIS]
+            batch_size = self.global_batch_size * mesh.size // full_devices
+            ratio = batch_size / self.global_batch_size
+            lr_scale = {"linear": ratio, "sqrt": math.sqrt(ratio), "none": 1.0}[plan.lr_scaling]
+        if batch_size < 1 or batch_size % mesh.size:
+            raise ConfigError(
+                f"trainer.global_batch_size ({batch_size}) must be divisible by the {mesh.size} devices of "
+                f"slices {list(slices)}, and by every device count the run may scale to."
+            )
+        return batch_size, lr_scale
+
+    # ------------------------------------------------------------------ failures
+
+    def _recover(self, error: Exception, *, step: int, arrays: PyTree, layout: _Layout) -> tuple[PyTree, _Layout]:
+        """Classify the failure, let the strategy plan, and carry the plan out."""
+        failed_at = time.time()
+        clock = self._clock
+        with clock.measure("detection"):
+            failure: Failure = self.hook.et_classify_failure(error=error, step=step, phase="train_step")
+            lost = self._lost_slices(layout, failure.slices)
+            failure = dataclasses.replace(failure, slices=lost)
+        record = {
+            "step": step, "phase": failure.phase, "slice": lost[0] if lost else None, "slices": list(lost),
+            "kind": failure.kind, "action": "stop", "slices_before": len(layout.slices),
+            "slices_after": len(layout.slices), "restored_from": "none", "lost_steps": 0, "recovery_s": 0.0,
+            "detection_s": time.time() - failed_at,
+        }
+        self.failures.append(record)
+        if not failure.elastic:
+            raise TrainingStopped(f"step {step + 1} failed with a fatal error: {error}") from error
+        plan = self.hook.et_choose_recovery(trainer=self, failure=failure)
+        if plan is None:
+            raise TrainingStopped(
+                f"step {step + 1} failed ({failure.kind}) and no strategy is selected, so training stops "
+                "the traditional way; select one with +strategy=NAME to keep training through failures."
+            ) from error
+        if not isinstance(plan, RecoveryPlan):
+            raise PluginError(f"et_choose_recovery returned {plan!r}; a strategy must return an et.RecoveryPlan.")
+        record["action"] = plan.action
+
+        begin = time.time()
+        with clock.measure("waiting_for_slices"):
+            healthy = self._wait_for_slices(plan.wait_for_all_s)
+        record["waiting_s"] = time.time() - begin
+        if len(healthy) < plan.min_slices:
+            raise TrainingStopped(
+                f"{plan.action}: {len(healthy)} slice(s) healthy after waiting {record['waiting_s']:.0f} s, "
+                f"fewer than the {plan.min_slices} the strategy needs; the last checkpoint is intact."
+            ) from error
+        lost = self._lost_slices(layout, lost)  # slices may also have failed while recovering
+        arrays = self.cluster.surviving(arrays, lost)  # what lived on lost slices is gone
+        record["slices"] = list(lost)
+
+        survivors = [s for s in layout.slices if s not in lost]
+        begin = time.time()
+        try:
+            new_layout = self._layout(tuple(healthy), plan=plan)
+        except ConfigError as bad_layout:
+            raise TrainingStopped(f"{plan.action}: {bad_layout}") from error
+        record.update(**self._last_compile)
+        record["remesh_s"] = time.time() - begin - record["compile_s"]
+        begin = time.time()
+        arrays, source, restored_step = self._restore(arrays, layout, survivors, new_layout, step=step)
+        record.update(
+            restore_s=time.time() - begin, restored_from=source, lost_steps=step - restored_step,
+            slices_after=len(new_layout.slices),
+        )
+        self._record_resize(step, layout, new_layout, reason="failure")
+        self._pending_recovery = {"record": record, "failed_at": failed_at}
+        return arrays, new_layout
+
+    def _lost_slices(self, layout: _Layout, reported: Sequence[int]) -> tuple[int, ...]:
+        """Slices of ``layout`` whose data is gone: reported lost, unhealthy, or failed since the last step."""
+        healthy = set(self.hook.et_slice_health(trainer=self))
+        incarnations = self.cluster.incarnations()
+        return tuple(
+            s for s in layout.slices
+            if s in reported or s not in healthy or incarnations[s] != self._incarnations[s]
+        )
+
+    def _finish_recovery(self) -> None:
+        """After the first productive step since a failure: its recovery time is known."""
+        if self._pending_recovery is not None:
+            pending, self._pending_recovery = self._pending_recovery, None
+            pending["record"]["recovery_s"] = time.time() - pending["failed_at"]
+
+    def _wait_for_slices(self, timeout_s: float) -> list[int]:
+        """Poll slice health until every slice is healthy or ``timeout_s`` has passed."""
+        total = len(self.cluster.slice_devices())
+        deadline = time.monotonic() + timeout_s
+        healthy = self.hook.et_slice_health(trainer=self)
+        while len(healthy) < total and time.monotonic() < deadline:
+            time.sleep(min(_HEALTH_POLL_S, max(0.0, deadline - time.monotonic())))
+            healthy = self.hook.et_slice_health(trainer=self)
+        return sorted(healthy)
+
+    def _restore(
+        self, arrays: PyTree, old: _Layout, survivors: Sequence[int], new: _Layout, *, step: int
+    ) -> tuple[PyTree, str, int]:
+        """Restore the state onto ``new``: from a surviving replica, else the snapshot, else a checkpoint."""
+        if survivors:
+            source, restored_step = "replica", step
+        elif self._snapshot is not None:
+            source, restored_step = "snapshot", self._snapshot[0]
+        elif self.checkpointer is not None and self.checkpointer.latest_step() is not None:
+            source, restored_step = "checkpoint", self.checkpointer.latest_step()
+        else:
+            raise TrainingStopped("every slice was lost and there is no snapshot or checkpoint to restore from.")
+        category = "remesh" if source == "replica" else "checkpoint_restore"
+        self.hook.et_before_restore(trainer=self, step=restored_step, source=source)
+        with self._clock.measure(category):
+            if source == "replica":
+                positions = [old.slices.index(s) for s in survivors]
+                arrays = jax.device_put(keep_slices(arrays, old.mesh, positions), new.shardings)
+            elif source == "snapshot":
+                arrays = jax.device_put(self._snapshot[1], new.shardings)
+            else:
+                target = jax.tree.map(
+                    lambda a, sharding: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sharding),
+                    self._abstract, new.shardings,
+                )
+                arrays, _ = self.checkpointer.restore(restored_step, like=target)
+            jax.block_until_ready(arrays)
+        self.hook.et_after_restore(
+            trainer=self, step=restored_step, source=source, state=eqx.combine(arrays, self._static)
+        )
+        rolled_back = [s for s in self._step_seconds if s >= restored_step]
+        self._clock.reclassify_productive(sum(self._step_seconds.pop(s) for s in rolled_back))
+        return arrays, source, restored_step
+
+    def _take_snapshot(self, step: int, arrays: PyTree) -> None:
+        """Every ``snapshot_period`` steps, keep a host copy of the state."""
+        if self.snapshot_period and step % self.snapshot_period == 0:
+            self._snapshot = (step, jax.device_get(arrays))
+
+    def _maybe_resize(self, step: int, arrays: PyTree, layout: _Layout) -> tuple[PyTree, _Layout]:
+        """Ask plugins whether to change slices at this step boundary; move the state if so."""
+        healthy = self.hook.et_slice_health(trainer=self)
+        target = self.hook.et_propose_resize(trainer=self, healthy_slices=list(healthy))
+        if target is None or tuple(sorted(target)) == layout.slices:
+            return arrays, layout
+        begin = time.time()
+        new_layout = self._layout(tuple(sorted(target)), plan=None)
+        with self._clock.measure("remesh"):
+            positions = list(range(len(layout.slices)))
+            arrays = jax.device_put(keep_slices(arrays, layout.mesh, positions), new_layout.shardings)
+            jax.block_until_ready(arrays)
+        self._record_resize(step, layout, new_layout, reason="scale_up", seconds=time.time() - begin)
+        return arrays, new_layout
+
+    def _record_resize(self, step: int, old: _Layout, new: _Layout, *, reason: str, seconds: float = 0.0) -> None:
+        if old.slices != new.slices:
+            self.resizes.append(
+                {"step": step, "reason": reason, "slices_before": len(old.slices), "slices_after": len(new.slices),
+                 "slices": list(new.slices), "seconds": seconds, **self._last_compile}
+            )
+
+    # ------------------------------------------------------------------ checkpoints
 
     def _save(self, step: int, arrays: PyTree, position: int) -> None:
         self.hook.et_before_checkpoint_save(trainer=self, step=step)
@@ -173,11 +453,12 @@ class Trainer:
             "seed": self.seed,
             "global_batch_size": self.global_batch_size,
             "cluster": self.cluster.describe(),
+            "slices": list(self.slices),
             "mesh": dict(self.mesh.shape),
             "within_slice": self.within_slice,
         }
 
-    def _restore(self, arrays: PyTree, static: PyTree) -> PyTree:
+    def _restore_checkpoint(self, arrays: PyTree, layout: _Layout) -> PyTree:
         step = self.checkpointer.latest_step()
         if step is None:
             raise ConfigError(
@@ -186,76 +467,23 @@ class Trainer:
             )
         self.hook.et_before_restore(trainer=self, step=step, source="checkpoint")
         arrays, _ = self.checkpointer.restore(step, like=arrays)
-        self.hook.et_after_restore(trainer=self, step=step, source="checkpoint", state=eqx.combine(arrays, static))
+        self.hook.et_after_restore(trainer=self, step=step, source="checkpoint", state=eqx.combine(arrays, self._static))
         return arrays
 
-    def _make_mesh(self, slice_devices: list[list[jax.Device]]) -> jax.sharding.Mesh:
-        mesh = self.hook.et_make_mesh(trainer=self, slice_devices=slice_devices)
-        if not isinstance(mesh, jax.sharding.Mesh) or mesh.axis_names != (SLICE_AXIS, DEVICE_AXIS):
-            raise PluginError(
-                f"et_make_mesh returned {mesh!r}; a plugin must return a jax.sharding.Mesh "
-                f"with axes ({SLICE_AXIS!r}, {DEVICE_AXIS!r})."
-            )
-        if self.global_batch_size % mesh.size:
-            raise ConfigError(
-                f"trainer.global_batch_size ({self.global_batch_size}) must be divisible by the "
-                f"{mesh.size} devices of the mesh."
-            )
-        return mesh
+    # ------------------------------------------------------------------ report
 
-    def _batch_spec(self) -> jax.ShapeDtypeStruct:
-        sample = np.asarray(self.data.get_batch(np.zeros(1, dtype=np.int64)))
-        shape = (self.global_batch_size, *sample.shape[1:])
-        return jax.ShapeDtypeStruct(shape, jnp.dtype(sample.dtype), sharding=batch_sharding(self.mesh))
-
-    def _run_step(self, compiled, arrays: PyTree, batch: jax.Array | None, position: int, *, last: bool):
-        """Run one step to completion; returns the new arrays, metrics and the next batch.
-
-        ``batch`` is the one prepared during the previous step, or ``None`` to
-        prepare it now (the first step).
-
-        The next batch is prepared while the step runs, but the step is waited
-        for before the next one starts: one step in flight at a time. XLA:CPU
-        deadlocks when several multi-device steps with collectives run at once
-        (measured with 8 devices on 2 cores), and a failure must surface at the
-        step it belongs to, so a strategy knows exactly which step was lost.
-        """
-        arrays, metrics = compiled(arrays, self._batch(position) if batch is None else batch)
-        next_batch = None if last else self._batch(position + self.global_batch_size)
-        jax.block_until_ready(arrays)
-        return arrays, metrics, next_batch
-
-    def _batch(self, position: int) -> jax.Array:
-        ids = sample_ids(self.data.num_samples, seed=self.seed, start=position, count=self.global_batch_size)
-        return jax.device_put(self.data.get_batch(ids), batch_sharding(self.mesh))
-
-    def _recover(self, error: Exception, *, step: int, phase: str) -> None:
-        failure: Failure = self.hook.et_classify_failure(error=error, step=step, phase=phase)
-        slices = self.mesh.shape[SLICE_AXIS]
-        self.failures.append(
-            {"step": step, "phase": phase, "slices": list(failure.slices), "kind": failure.kind, "action": "stop",
-             "slices_before": slices, "slices_after": slices, "restored_from": "none", "lost_steps": 0, "recovery_s": 0.0}
-        )
-        if not failure.elastic:
-            raise TrainingStopped(f"step {step + 1} failed with a fatal error: {error}") from error
-        plan = self.hook.et_choose_recovery(trainer=self, failure=failure)
-        if plan is None:
-            raise TrainingStopped(
-                f"step {step + 1} failed ({failure.kind}) and no strategy is selected, so training stops "
-                "the traditional way; select one with +strategy=NAME to keep training through failures."
-            ) from error
-        raise PluginError(f"et_choose_recovery returned {plan!r}, but this version cannot execute recovery plans yet.")
-
-    def _report(self, clock: GoodputClock, losses: list[jax.Array], *, steps_completed: int, samples: int) -> dict:
-        losses = [float(loss) for loss in jax.device_get(losses)]
+    def _report(self, losses: dict[int, jax.Array], *, steps_completed: int, samples: dict[str, int]) -> dict:
+        ordered = [float(loss) for _, loss in sorted(jax.device_get(losses).items())]
         return {
-            "strategy": None,
+            "strategy": None if self.strategy is None else strategy_name(self.strategy),
             "cluster": self.cluster.describe(),
             "steps_target": self.steps,
             "steps_completed": steps_completed,
-            "loss_first": losses[0] if losses else None,
-            "final_loss": losses[-1] if losses else None,
-            **clock.summary(),
+            "loss_first": ordered[0] if ordered else None,
+            "final_loss": ordered[-1] if ordered else None,
+            **self._clock.summary(),
             "failures": self.failures,
-            "samples": {"consumed": samples, "duplicated": 0, "skipped": 0},
+            "resizes": self.resizes,
+            "compile_cache": {"saved_s": self._compile_saved_s},
+            "samples": samples,
         }

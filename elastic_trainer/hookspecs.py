@@ -7,11 +7,15 @@ fire in this order::
     et_run_start
     et_make_mesh                      (once, for the initial mesh)
     et_before_restore, et_after_restore         (when resuming)
-    et_step_end                       (after every step)
-        et_before_checkpoint_save, et_after_checkpoint_save
-                                      (after the step end of a step that is saved)
-        on a failure:
-        et_classify_failure -> et_choose_recovery
+    for every step:
+        et_step_start
+        et_step_end
+        et_before_checkpoint_save, et_after_checkpoint_save    (on a step that is saved)
+        et_slice_health -> et_propose_resize -> (on a resize) et_make_mesh
+        when the step raises:
+            et_classify_failure -> et_slice_health -> et_choose_recovery
+            -> et_slice_health (while waiting) -> et_make_mesh
+            -> et_before_restore -> et_after_restore
     et_run_end
 """
 
@@ -27,7 +31,7 @@ if TYPE_CHECKING:
     import jax
     from jax.sharding import Mesh
 
-    from ._failures import Failure
+    from ._failures import Failure, RecoveryPlan
     from ._state import TrainState
     from ._trainer import Trainer
 
@@ -52,6 +56,18 @@ def et_run_start(trainer: Trainer, state: TrainState) -> None:
         restores its checkpoint later, see :func:`et_after_restore`).
 
     Return value is ignored.
+    """
+
+
+@hookspec
+def et_step_start(trainer: Trainer, step: int) -> None:
+    """Called before each train step starts.
+
+    :param trainer: the running trainer; ``trainer.slices`` are the slices in use.
+    :param step: the number of steps completed so far (0-based index of this step).
+
+    Return value is ignored. Failure injection uses it to lose a slice during
+    the step that follows.
     """
 
 
@@ -102,15 +118,41 @@ def et_classify_failure(error: BaseException, step: int, phase: str) -> Failure 
 
 
 @hookspec(firstresult=True)
-def et_choose_recovery(trainer: Trainer, failure: Failure) -> Any | None:
+def et_slice_health(trainer: Trainer) -> list[int] | None:
+    """Called to learn which slices are healthy: after a failure, while waiting, and at step boundaries.
+
+    :param trainer: the running trainer; ``trainer.cluster`` is the cluster.
+
+    Return the indices of the healthy slices, or ``None`` to let the next
+    plugin answer. ``firstresult``: the built-in checker runs last and asks
+    the cluster (``trainer.cluster.healthy_slices()``).
+    """
+
+
+@hookspec(firstresult=True)
+def et_propose_resize(trainer: Trainer, healthy_slices: list[int]) -> list[int] | None:
+    """Called at each step boundary, to offer a change of the slices in use.
+
+    :param trainer: the running trainer; ``trainer.slices`` are the slices in use.
+    :param healthy_slices: the slices healthy now.
+
+    Return the slices to continue on (a resize happens at once, the state
+    moving from the slices in use), or ``None`` to keep the current ones.
+    ``firstresult``. Strategies that scale back up implement it.
+    """
+
+
+@hookspec(firstresult=True)
+def et_choose_recovery(trainer: Trainer, failure: Failure) -> RecoveryPlan | None:
     """Called after an elastic failure, to pick what to do about it: the strategy.
 
     :param trainer: the running trainer.
     :param failure: the classified failure.
 
-    Return a recovery plan, or ``None`` when this plugin does not handle the
-    failure. ``firstresult``: the selected strategy answers. With no answer the
-    run stops the traditional way and says how to select a strategy.
+    Return a :class:`~elastic_trainer.RecoveryPlan`, or ``None`` when this
+    plugin does not handle the failure. ``firstresult``: the selected strategy
+    answers. With no answer the run stops the traditional way and says how to
+    select a strategy.
     """
 
 

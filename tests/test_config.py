@@ -9,6 +9,7 @@ from elastic_trainer._config import Config, build_trainer, register_configs
 
 CONF_DIR = Path(__file__).parents[1] / "conf"
 GROUPS = sorted(p.name for p in CONF_DIR.iterdir() if p.is_dir() and any(p.glob("*.yaml")))
+APPENDED_GROUPS = {"strategy", "chaos"}  # not in the defaults list: selected with +group=option
 
 
 def compose_config(*overrides):
@@ -18,17 +19,23 @@ def compose_config(*overrides):
 
 
 @pytest.mark.parametrize(
-    "override", [f"{group}={path.stem}" for group in GROUPS for path in sorted((CONF_DIR / group).glob("*.yaml"))]
+    "override",
+    [
+        f"{'+' if group in APPENDED_GROUPS else ''}{group}={path.stem}"
+        for group in GROUPS
+        for path in sorted((CONF_DIR / group).glob("*.yaml"))
+    ],
 )
-def test_every_config_option_composes_and_validates(override):
-    cfg = compose_config(override)
+def test_every_config_option_composes_validates_and_builds(override):
+    cfg = compose_config(override, "trainer.steps=20")
     assert isinstance(OmegaConf.to_object(cfg), Config)
+    assert isinstance(build_trainer(cfg), et.Trainer)
 
 
 def test_defaults_are_four_slices_of_two_devices():
     cfg = compose_config()
     assert (cfg.cluster.slices, cfg.cluster.devices_per_slice) == (4, 2)
-    assert "strategy" not in cfg
+    assert cfg.strategy is None and cfg.chaos is None
 
 
 def test_build_trainer_builds_the_default_workload():

@@ -25,6 +25,18 @@ class Recorder:
         self._record("et_run_start", trainer=trainer, state=state)
 
     @et.hookimpl
+    def et_step_start(self, trainer, step):
+        self._record("et_step_start", trainer=trainer, step=step)
+
+    @et.hookimpl
+    def et_slice_health(self, trainer):
+        self._record("et_slice_health", trainer=trainer)
+
+    @et.hookimpl
+    def et_propose_resize(self, trainer, healthy_slices):
+        self._record("et_propose_resize", trainer=trainer, healthy_slices=healthy_slices)
+
+    @et.hookimpl
     def et_step_end(self, trainer, step, metrics):
         self._record("et_step_end", trainer=trainer, step=step, metrics=metrics)
 
@@ -82,12 +94,18 @@ def test_every_hook_is_prefixed_and_documented():
         assert ":param" in doc, name
 
 
+STEP = ["et_step_start", "et_step_end"]
+BOUNDARY = ["et_slice_health", "et_propose_resize"]  # between steps, not after the last
+SAVE = ["et_before_checkpoint_save", "et_after_checkpoint_save"]
+START = ["et_run_start", "et_make_mesh"]
+
+
 def test_plugin_sees_hooks_of_a_run_in_documented_order(tiny_trainer_kwargs):
     trainer = et.Trainer(**tiny_trainer_kwargs(steps=3))
     calls = register_recorder(trainer)
     trainer.fit()
     names = [name for name, _ in calls]
-    assert names == ["et_run_start", "et_make_mesh", "et_step_end", "et_step_end", "et_step_end", "et_run_end"]
+    assert names == START + STEP + BOUNDARY + STEP + BOUNDARY + STEP + ["et_run_end"]
     for name, kwargs in calls:
         assert kwargs == sorted(inspect.signature(getattr(hookspecs, name)).parameters), name
 
@@ -109,14 +127,13 @@ class FailingData(CountingData):
 
 
 def test_failure_without_strategy_calls_failure_hooks_then_stops(tiny_trainer_kwargs):
-    trainer = et.Trainer(**tiny_trainer_kwargs(steps=4, data=FailingData(fail_at_position=48)))
+    trainer = et.Trainer(**tiny_trainer_kwargs(steps=4, data=FailingData(fail_at_position=32)))
     calls = register_recorder(trainer)
     with pytest.raises(et.TrainingStopped, match=r"\+strategy=NAME") as stopped:
         trainer.fit()
     names = [name for name, _ in calls]
-    assert names == [
-        "et_run_start", "et_make_mesh", "et_step_end", "et_step_end",
-        "et_classify_failure", "et_choose_recovery", "et_run_end",
+    assert names == START + STEP + BOUNDARY + STEP + BOUNDARY + [
+        "et_step_start", "et_classify_failure", "et_slice_health", "et_choose_recovery", "et_run_end",
     ]
     report = stopped.value.report
     assert report["steps_completed"] == 2
@@ -128,18 +145,14 @@ def test_plugin_sees_checkpoint_and_restore_hooks_in_documented_order(tiny_train
     first = et.Trainer(**tiny_trainer_kwargs(steps=4, checkpointer=et.Checkpointer(tmp_path, period=2)))
     calls = register_recorder(first)
     first.fit()
-    assert [name for name, _ in calls] == [
-        "et_run_start", "et_make_mesh",
-        "et_step_end", "et_step_end", "et_before_checkpoint_save", "et_after_checkpoint_save",
-        "et_step_end", "et_step_end", "et_before_checkpoint_save", "et_after_checkpoint_save",
-        "et_run_end",
-    ]
+    assert [name for name, _ in calls] == (
+        START + STEP + BOUNDARY + STEP + SAVE + BOUNDARY + STEP + BOUNDARY + STEP + SAVE + ["et_run_end"]
+    )
     resumed = et.Trainer(**tiny_trainer_kwargs(steps=5, checkpointer=et.Checkpointer(tmp_path, period=2), resume=True))
     calls = register_recorder(resumed)
     resumed.fit()
-    assert [name for name, _ in calls] == [
-        "et_run_start", "et_make_mesh", "et_before_restore", "et_after_restore",
-        "et_step_end", "et_before_checkpoint_save", "et_after_checkpoint_save", "et_run_end",
-    ]
+    assert [name for name, _ in calls] == (
+        START + ["et_before_restore", "et_after_restore"] + STEP + SAVE + ["et_run_end"]
+    )
     for name, kwargs in calls:
         assert kwargs == sorted(inspect.signature(getattr(hookspecs, name)).parameters), name

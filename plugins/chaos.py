@@ -1,0 +1,96 @@
+"""Failure injection: lose slices of a simulated cluster on a schedule, or at random."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable, Mapping
+
+import numpy as np
+
+import elastic_trainer as et
+
+PHASES = ("train_step", "recovery")
+"""When a scheduled failure strikes: during the train step ``at_step``, or
+while recovering from the failure at step ``at_step`` (a second failure)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class ScheduledFailure:
+    """One slice lost at one step.
+
+    :param at_step: the step (steps completed before it) during which it strikes.
+    :param slice: the slice lost.
+    :param phase: ``train_step`` or ``recovery``.
+    :param down_for_s: how long the slice stays down.
+    """
+
+    at_step: int
+    slice: int
+    phase: str = "train_step"
+    down_for_s: float = 1e9
+
+    def __post_init__(self):
+        if self.at_step < 0 or self.slice < 0 or self.down_for_s < 0:
+            raise et.ConfigError(f"chaos failure {self}: at_step, slice and down_for_s must not be negative.")
+        if self.phase not in PHASES:
+            raise et.ConfigError(f"chaos failure phase must be one of {PHASES}, got {self.phase!r}.")
+
+
+class Chaos:
+    """Loses slices the way hardware does, through the cluster (``cluster.fail_slice``).
+
+    :param failures: scheduled failures (mappings or :class:`ScheduledFailure`).
+    :param mean_steps_between_failures: random mode: each step loses one of
+        the slices in use with probability ``1 / mean`` (0: off).
+    :param random_down_for_s: how long a randomly lost slice stays down.
+    :param seed: seeds random mode; the same seed loses the same slices at the same steps.
+    """
+
+    name = "chaos"
+
+    def __init__(
+        self,
+        failures: Iterable[Mapping | ScheduledFailure] = (),
+        mean_steps_between_failures: float = 0.0,
+        random_down_for_s: float = 1e9,
+        seed: int = 0,
+    ):
+        self.failures = [f if isinstance(f, ScheduledFailure) else ScheduledFailure(**f) for f in failures]
+        if mean_steps_between_failures < 0 or random_down_for_s < 0:
+            raise et.ConfigError("chaos.mean_steps_between_failures and chaos.random_down_for_s must not be negative.")
+        self.mean_steps_between_failures = mean_steps_between_failures
+        self.random_down_for_s = random_down_for_s
+        self.seed = seed
+        self._fired: set[int] = set()
+
+    @et.hookimpl
+    def et_run_start(self, trainer: et.Trainer) -> None:
+        """Check that the cluster can lose slices and has the ones scheduled."""
+        if not hasattr(trainer.cluster, "fail_slice"):
+            raise et.ConfigError(f"chaos needs a cluster that can lose slices (cluster=simulated), not {trainer.cluster.kind}.")
+        slices = len(trainer.cluster.slice_devices())
+        for failure in self.failures:
+            if failure.slice >= slices:
+                raise et.ConfigError(f"chaos failure at step {failure.at_step} names slice {failure.slice}, "
+                                     f"but the cluster has slices 0 to {slices - 1}.")
+
+    @et.hookimpl
+    def et_step_start(self, trainer: et.Trainer, step: int) -> None:
+        """Lose the slices scheduled for this step, and in random mode maybe one more."""
+        self._strike(trainer, step, "train_step")
+        if self.mean_steps_between_failures:
+            rng = np.random.default_rng([self.seed, step])
+            if rng.random() < 1 / self.mean_steps_between_failures:
+                victim = int(rng.choice(trainer.slices))
+                trainer.cluster.fail_slice(victim, down_for_s=self.random_down_for_s)
+
+    @et.hookimpl(tryfirst=True)
+    def et_choose_recovery(self, trainer: et.Trainer, failure: et.Failure) -> None:
+        """Lose the slices scheduled to fail while recovering from this failure; the strategy still decides."""
+        self._strike(trainer, failure.step, "recovery")
+
+    def _strike(self, trainer: et.Trainer, step: int, phase: str) -> None:
+        for index, failure in enumerate(self.failures):
+            if index not in self._fired and failure.at_step == step and failure.phase == phase:
+                self._fired.add(index)
+                trainer.cluster.fail_slice(failure.slice, down_for_s=failure.down_for_s)

@@ -1,0 +1,11 @@
+"""Built-in slice health check: ask the cluster (as pathwaysutils' SliceHealthChecker asks Pathways)."""
+
+from __future__ import annotations
+
+import elastic_trainer as et
+
+
+@et.hookimpl(trylast=True)
+def et_slice_health(trainer: et.Trainer) -> list[int]:
+    """The slices the cluster reports up."""
+    return trainer.cluster.healthy_slices()

@@ -1,0 +1,77 @@
+"""The ``scale_down`` strategy: go on at once with the slices that live; scale back up when they return."""
+
+from __future__ import annotations
+
+import elastic_trainer as et
+
+BATCH_POLICIES = ("keep_global", "keep_per_device")
+LR_SCALINGS = ("linear", "sqrt", "none")
+
+
+class ScaleDown:
+    """Continue on the live slices as soon as a slice is lost.
+
+    :param min_slice_count: stop if fewer slices than this live (MaxText's
+        ``elastic_min_slice_count``).
+    :param scale_up: move back onto returning slices at the next step boundary.
+    :param batch_policy: ``keep_global`` keeps the global batch and sample
+        order (each device takes more samples); ``keep_per_device`` keeps each
+        device's batch, so the global batch shrinks with the slices.
+    :param lr_scaling: with ``keep_per_device``, how the learning rate follows
+        the global batch: ``linear``, ``sqrt`` or ``none``.
+    :param max_retries: stop after this many recoveries.
+    """
+
+    name = "scale_down"
+
+    def __init__(
+        self,
+        min_slice_count: int = 1,
+        scale_up: bool = True,
+        batch_policy: str = "keep_global",
+        lr_scaling: str = "linear",
+        max_retries: int = 10,
+    ):
+        if min_slice_count < 1:
+            raise et.ConfigError(f"strategy.min_slice_count must be at least 1, got {min_slice_count}.")
+        if batch_policy not in BATCH_POLICIES:
+            raise et.ConfigError(f"strategy.batch_policy must be one of {BATCH_POLICIES}, got {batch_policy!r}.")
+        if lr_scaling not in LR_SCALINGS:
+            raise et.ConfigError(f"strategy.lr_scaling must be one of {LR_SCALINGS}, got {lr_scaling!r}.")
+        if max_retries < 0:
+            raise et.ConfigError(f"strategy.max_retries must be at least 0, got {max_retries}.")
+        self.min_slice_count = min_slice_count
+        self.scale_up = scale_up
+        self.batch_policy = batch_policy
+        self.lr_scaling = lr_scaling
+        self.max_retries = max_retries
+        self.recoveries = 0
+
+    @et.hookimpl
+    def et_run_start(self, trainer: et.Trainer) -> None:
+        """Check that the cluster has enough slices to ever satisfy ``min_slice_count``."""
+        slices = len(trainer.cluster.slice_devices())
+        if self.min_slice_count > slices:
+            raise et.ConfigError(
+                f"strategy.min_slice_count ({self.min_slice_count}) is above the cluster's {slices} slices."
+            )
+
+    @et.hookimpl
+    def et_choose_recovery(self, failure: et.Failure) -> et.RecoveryPlan:
+        """Continue now on whatever is healthy, if that is at least ``min_slice_count`` slices."""
+        self.recoveries += 1
+        if self.recoveries > self.max_retries:
+            raise et.TrainingStopped(f"scale_down gave up after {self.max_retries} recoveries (strategy.max_retries).")
+        return et.RecoveryPlan(
+            action="scale_down",
+            min_slices=self.min_slice_count,
+            keep_global_batch=self.batch_policy == "keep_global",
+            lr_scaling=self.lr_scaling,
+        )
+
+    @et.hookimpl
+    def et_propose_resize(self, trainer: et.Trainer, healthy_slices: list[int]) -> list[int] | None:
+        """Take back every healthy slice when more are healthy than in use."""
+        if self.scale_up and len(healthy_slices) > len(trainer.slices):
+            return healthy_slices
+        return None
