@@ -5,6 +5,7 @@ from __future__ import annotations
 import difflib
 import importlib.resources
 import sys
+from pathlib import Path
 
 import hydra
 import psutil
@@ -15,8 +16,9 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.errors import HydraException
 from omegaconf import DictConfig
 
-from ._config import build_trainer, register_configs
-from ._failures import ConfigError, PluginError, TrainingStopped
+from ._config import build_strategy, build_trainer, register_configs
+from ._failures import ConfigError, PluginError, RestartRequested, TrainingStopped
+from ._supervisor import RESTART_EXIT_CODE, is_worker, supervise
 
 CONFIG_MODULE = "elastic_trainer_conf"
 EXIT_BAD_INPUT = 2
@@ -26,8 +28,15 @@ EXIT_TRAINING_STOPPED = 3
 @hydra.main(version_base=None, config_path=f"pkg://{CONFIG_MODULE}", config_name="config")
 def _app(cfg: DictConfig) -> None:
     started_at = psutil.Process().create_time()
+    hydra_cfg = HydraConfig.get()
     try:
-        trainer = build_trainer(cfg, run_dir=HydraConfig.get().runtime.output_dir, started_at=started_at)
+        strategy = build_strategy(cfg)
+        if getattr(strategy, "restarts_process", False) and not is_worker():
+            sys.exit(supervise(
+                overrides=list(hydra_cfg.overrides.task), run_dir=Path(hydra_cfg.runtime.output_dir),
+                max_restarts=strategy.max_restarts, started_at=started_at,
+            ))
+        trainer = build_trainer(cfg, run_dir=hydra_cfg.runtime.output_dir, started_at=started_at, strategy=strategy)
         try:
             trainer.fit()
         finally:
@@ -35,6 +44,9 @@ def _app(cfg: DictConfig) -> None:
                 trainer.checkpointer.close()
     except (ConfigError, PluginError) as error:
         _fail(str(error))
+    except RestartRequested as restart:
+        print(f"elastic_trainer: {restart}", file=sys.stderr)
+        sys.exit(RESTART_EXIT_CODE)
     except TrainingStopped as stop:
         print(f"elastic_trainer: training stopped: {stop}", file=sys.stderr)
         sys.exit(EXIT_TRAINING_STOPPED)

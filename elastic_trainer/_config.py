@@ -167,6 +167,14 @@ class PauseResumeConfig:
 
 
 @dataclasses.dataclass
+class FullRestartConfig:
+    """``+strategy=full_restart``; value checks live in the plugin's constructor."""
+
+    _target_: str = "elastic_trainer_plugins.full_restart.FullRestart"
+    max_restarts: int = 10
+
+
+@dataclasses.dataclass
 class ScheduledFailureConfig:
     """One entry of ``chaos.failures``."""
 
@@ -215,13 +223,18 @@ def register_configs() -> None:
         ("loss", "function", FunctionConfig),
         ("strategy", "scale_down", ScaleDownConfig),
         ("strategy", "pause_resume", PauseResumeConfig),
+        ("strategy", "full_restart", FullRestartConfig),
         ("chaos", "chaos", ChaosConfig),
     ):
         store.store(group=f"schema/{group}", name=name, node=node)
 
 
-def build_trainer(cfg: DictConfig, *, run_dir: str | Path | None = None, started_at: float | None = None) -> Trainer:
+def build_trainer(
+    cfg: DictConfig, *, run_dir: str | Path | None = None, started_at: float | None = None, strategy: object = None
+) -> Trainer:
     """Validate ``cfg`` and build the trainer it describes; nothing runs yet.
+
+    ``strategy``, if given, is the one already built from ``cfg.strategy``.
 
     Raises :class:`ConfigError` with one sentence for any bad value. The
     cluster configures JAX before anything else touches a device.
@@ -244,12 +257,17 @@ def build_trainer(cfg: DictConfig, *, run_dir: str | Path | None = None, started
         global_batch_size=cfg.trainer.global_batch_size,
         within_slice=cfg.trainer.within_slice,
         snapshot_period=cfg.trainer.snapshot_period,
-        strategy=_instantiate(cfg, "strategy") if cfg.strategy is not None else None,
+        strategy=strategy if strategy is not None else build_strategy(cfg),
         plugins=[_instantiate(cfg, "chaos")] if cfg.chaos is not None else [],
         seed=cfg.seed,
         run_dir=run_dir,
         started_at=started_at,
     )
+
+
+def build_strategy(cfg: DictConfig) -> object | None:
+    """The strategy plugin ``cfg.strategy`` describes, or ``None``."""
+    return None if cfg.strategy is None else _instantiate(cfg, "strategy")
 
 
 def _checkpointer(cfg: DictConfig, run_dir: str | Path | None) -> Checkpointer | None:

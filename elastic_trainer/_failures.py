@@ -82,3 +82,7 @@ class TrainingStopped(RuntimeError):
     def __init__(self, message: str, report: dict | None = None):
         super().__init__(message)
         self.report = report
+
+
+class RestartRequested(TrainingStopped):
+    """The strategy wants a fresh worker process that restores the last checkpoint."""

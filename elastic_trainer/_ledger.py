@@ -33,6 +33,36 @@ class SampleLedger:
         for step in [s for s in self._ids_by_step if s >= to_step]:
             del self._ids_by_step[step]
 
+    def to_arrays(self) -> dict[str, np.ndarray]:
+        """The ledger as arrays (``steps``, ``sizes``, ``ids``, ``start_position``), for ``np.savez``."""
+        steps = sorted(self._ids_by_step)
+        return {
+            "steps": np.asarray(steps, np.int64),
+            "sizes": np.asarray([len(self._ids_by_step[s]) for s in steps], np.int64),
+            "ids": np.concatenate([np.empty(0, np.int64), *(self._ids_by_step[s] for s in steps)]),
+            "start_position": np.int64(self.start_position),
+            "num_samples": np.int64(self.num_samples),
+            "seed": np.int64(self.seed),
+        }
+
+    @classmethod
+    def from_arrays(cls, arrays: dict[str, np.ndarray]) -> SampleLedger:
+        """A ledger back from :meth:`to_arrays`."""
+        ledger = cls(int(arrays["num_samples"]), seed=int(arrays["seed"]), start_position=int(arrays["start_position"]))
+        ledger.extend(arrays)
+        return ledger
+
+    def extend(self, arrays: dict[str, np.ndarray]) -> None:
+        """Add the committed steps of another ledger (an earlier worker of the same run)."""
+        ids = np.split(arrays["ids"], np.cumsum(arrays["sizes"])[:-1]) if len(arrays["steps"]) else []
+        for step, step_ids in zip(arrays["steps"].tolist(), ids, strict=True):
+            self._ids_by_step[step] = step_ids
+        self.start_position = min(self.start_position, int(arrays["start_position"]))
+
+    def end_position(self) -> int:
+        """The data position after the committed steps, if they follow one another."""
+        return self.start_position + sum(len(ids) for ids in self._ids_by_step.values())
+
     def counts(self, end_position: int) -> dict[str, int]:
         """``consumed``, ``duplicated`` and ``skipped`` against the stream up to ``end_position``.
 

@@ -21,13 +21,22 @@ from jaxtyping import PyTree
 from ._checkpoint import Checkpointer
 from ._cluster import AbstractCluster, SimulatedCluster
 from ._data import AbstractDataset, sample_ids
-from ._failures import ConfigError, Failure, PluginError, RecoveryPlan, TrainingStopped, check_at_least
+from ._failures import (
+    ConfigError,
+    Failure,
+    PluginError,
+    RecoveryPlan,
+    RestartRequested,
+    TrainingStopped,
+    check_at_least,
+)
 from ._goodput import GoodputClock
 from ._ledger import SampleLedger
 from ._mesh import DEVICE_AXIS, SLICE_AXIS, WithinSlice, batch_sharding, keep_slices
 from ._plugins import make_plugin_manager
 from ._state import TrainState, init_train_state
-from ._step import LossFn, compile_step, make_step_fn
+from ._step import LossFn, make_step_fn
+from ._step_cache import StepCache
 
 _HEALTH_POLL_S = 0.05
 
@@ -132,6 +141,7 @@ class Trainer:
         self.mesh: Mesh | None = None
         self.slices: tuple[int, ...] = ()
         self.failures: list[dict[str, Any]] = []
+        self.ledger: SampleLedger | None = None  # the samples of committed steps, once fit starts
         self.resizes: list[dict[str, Any]] = []
 
     @property
@@ -161,24 +171,25 @@ class Trainer:
         with clock.measure("startup"):
             arrays, self._static = eqx.partition(state, eqx.is_array)
             self._step_fn = make_step_fn(self.loss_fn, self.optimizer, self._static)
-            self._sample = np.asarray(self.data.get_batch(np.zeros(1, dtype=np.int64)))
-            self._compiled: dict[tuple, tuple[Any, PyTree, float]] = {}
-            self._compile_saved_s = 0.0
+            sample = np.asarray(self.data.get_batch(np.zeros(1, dtype=np.int64)))
+            self._steps = StepCache(self._step_fn, arrays, sample, within_slice=self.within_slice)
             self._snapshot: tuple[int, PyTree] | None = None
             self._abstract = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), arrays)
             self._step_seconds: dict[int, float] = {}
         layout = self._layout(tuple(range(len(self.cluster.slice_devices()))), plan=None)
         with clock.measure("startup"):
             arrays = jax.device_put(arrays, layout.shardings)
+            self._compile_likely_layouts(layout)
         if self.resume:
             with clock.measure("checkpoint_restore"):
                 arrays = self._restore_checkpoint(arrays, layout)
         step = start_step = int(arrays.step)
         position = start_position = int(arrays.data_position)
-        self._ledger = SampleLedger(self.data.num_samples, seed=self.seed, start_position=start_position)
+        self.ledger = SampleLedger(self.data.num_samples, seed=self.seed, start_position=start_position)
         self._pending_recovery: dict[str, Any] | None = None
         self._incarnations = self.cluster.incarnations()  # as of the last good state
-        losses: dict[int, jax.Array] = {}
+        self._losses: dict[int, jax.Array] = {}
+        self._first_step_ended_at: float | None = None
         stopped: TrainingStopped | None = None
         try:
             while step < self.steps:
@@ -191,16 +202,16 @@ class Trainer:
                 except Exception as error:
                     arrays, layout = self._recover(error, step=step, arrays=arrays, layout=layout)
                     step, position = int(arrays.step), int(arrays.data_position)
-                    self._ledger.roll_back(step)
-                    losses = {s: loss for s, loss in losses.items() if s < step}
+                    self._roll_back(step)
                     continue
                 with clock.measure("productive"):
                     arrays = new_arrays
-                    self._ledger.commit(step, ids)
-                    losses[step] = metrics["loss"]
+                    self.ledger.commit(step, ids)
+                    self._losses[step] = metrics["loss"]
                     step += 1
                     position += layout.batch_size
                     self._finish_recovery()
+                    self._first_step_ended_at = self._first_step_ended_at or time.time()
                     self._incarnations = self.cluster.incarnations()
                     self.hook.et_step_end(trainer=self, step=step, metrics=metrics)
                     self._take_snapshot(step, arrays)
@@ -212,12 +223,16 @@ class Trainer:
                     arrays, layout = self._maybe_resize(step, arrays, layout)
         except TrainingStopped as stop:
             stopped = stop
+            if isinstance(stop, RestartRequested):  # the state goes back to the last checkpoint
+                step, position = self._restart_step, self.ledger.end_position()
         if self.checkpointer:
             with clock.measure("checkpoint_save"):
                 self.checkpointer.wait()
         clock.stop()
+        self._steps.close()
 
-        report = self._report(losses, steps_completed=step, samples=self._ledger.counts(position))
+        self._position = position
+        report = self._report(steps_completed=step, samples=self.ledger.counts(position))
         report["stopped"] = None if stopped is None else str(stopped)
         self.hook.et_run_end(trainer=self, report=report)
         if stopped is not None:
@@ -251,23 +266,18 @@ class Trainer:
         with self._clock.measure("remesh" if self.mesh is not None else "startup"):
             mesh = self._make_mesh([all_devices[i] for i in slices])
         batch_size, lr_scale = self._batch_for(mesh, slices, plan)
-        key = (tuple(d.id for d in mesh.devices.flat), batch_size)
-        if key in self._compiled:
-            compiled, shardings, compile_s = self._compiled[key]
-            self._compile_saved_s += compile_s
-            self._last_compile = {"compile_s": 0.0, "compile_cached": True}
-        else:
-            spec = jax.ShapeDtypeStruct((batch_size, *self._sample.shape[1:]), self._sample.dtype,
-                                        sharding=batch_sharding(mesh))
-            begin = time.time()
-            with self._clock.measure("compile"):
-                compiled, shardings = compile_step(self._step_fn, self._abstract, spec, mesh,
-                                                   within_slice=self.within_slice)
-            compile_s = time.time() - begin
-            self._compiled[key] = (compiled, shardings, compile_s)
-            self._last_compile = {"compile_s": compile_s, "compile_cached": False}
+        with self._clock.measure("compile"):
+            compiled, shardings, self._last_compile = self._steps.get(mesh, batch_size)
         self.mesh, self.slices = mesh, slices
         return _Layout(slices, mesh, batch_size, lr_scale, compiled, shardings)
+
+    def _compile_likely_layouts(self, layout: _Layout) -> None:
+        """Start compiling, in the background, the layouts plugins expect next."""
+        all_devices = self.cluster.slice_devices()
+        for slices in (s for layouts in self.hook.et_likely_layouts(trainer=self) for s in layouts):
+            mesh = self._make_mesh([all_devices[i] for i in sorted(slices)])
+            if mesh.size and layout.batch_size % mesh.size == 0:
+                self._steps.compile_ahead(mesh, layout.batch_size)
 
     def _make_mesh(self, slice_devices: list[list[jax.Device]]) -> Mesh:
         mesh = self.hook.et_make_mesh(trainer=self, slice_devices=slice_devices)
@@ -321,6 +331,9 @@ class Trainer:
         if not isinstance(plan, RecoveryPlan):
             raise PluginError(f"et_choose_recovery returned {plan!r}; a strategy must return an et.RecoveryPlan.")
         record["action"] = plan.action
+        record["failed_at"] = failed_at
+        if plan.restart_process:
+            self._restart(record, step=step, error=error)
 
         begin = time.time()
         with clock.measure("waiting_for_slices"):
@@ -352,6 +365,20 @@ class Trainer:
         self._record_resize(step, layout, new_layout, reason="failure")
         self._pending_recovery = {"record": record, "failed_at": failed_at}
         return arrays, new_layout
+
+    def _restart(self, record: dict[str, Any], *, step: int, error: Exception) -> None:
+        """Give up this process: the next worker restores the last complete checkpoint."""
+        if self.checkpointer is None:
+            raise TrainingStopped(f"{record['action']}: a restart needs checkpoints; enable checkpoint.enabled.")
+        with self._clock.measure("checkpoint_save"):
+            self.checkpointer.wait()
+        restored = self.checkpointer.latest_step() or 0
+        record.update(restored_from="checkpoint" if restored else "none", lost_steps=step - restored)
+        self._roll_back(restored)
+        self._restart_step = restored
+        raise RestartRequested(
+            f"step {step + 1} lost slice(s) {record['slices']}; restarting the worker from step {restored}."
+        ) from error
 
     def _lost_slices(self, layout: _Layout, reported: Sequence[int]) -> tuple[int, ...]:
         """Slices of ``layout`` whose data is gone: reported lost, unhealthy, or failed since the last step."""
@@ -408,9 +435,14 @@ class Trainer:
         self.hook.et_after_restore(
             trainer=self, step=restored_step, source=source, state=eqx.combine(arrays, self._static)
         )
-        rolled_back = [s for s in self._step_seconds if s >= restored_step]
-        self._clock.reclassify_productive(sum(self._step_seconds.pop(s) for s in rolled_back))
         return arrays, source, restored_step
+
+    def _roll_back(self, to_step: int) -> None:
+        """Forget the steps from ``to_step`` on: their samples, losses, and their time as goodput."""
+        self.ledger.roll_back(to_step)
+        self._losses = {s: loss for s, loss in self._losses.items() if s < to_step}
+        rolled_back = [s for s in self._step_seconds if s >= to_step]
+        self._clock.reclassify_productive(sum(self._step_seconds.pop(s) for s in rolled_back))
 
     def _take_snapshot(self, step: int, arrays: PyTree) -> None:
         """Every ``snapshot_period`` steps, keep a host copy of the state."""
@@ -472,8 +504,8 @@ class Trainer:
 
     # ------------------------------------------------------------------ report
 
-    def _report(self, losses: dict[int, jax.Array], *, steps_completed: int, samples: dict[str, int]) -> dict:
-        ordered = [float(loss) for _, loss in sorted(jax.device_get(losses).items())]
+    def _report(self, *, steps_completed: int, samples: dict[str, int]) -> dict:
+        ordered = [float(loss) for _, loss in sorted(jax.device_get(self._losses).items())]
         return {
             "strategy": None if self.strategy is None else strategy_name(self.strategy),
             "cluster": self.cluster.describe(),
@@ -484,6 +516,10 @@ class Trainer:
             **self._clock.summary(),
             "failures": self.failures,
             "resizes": self.resizes,
-            "compile_cache": {"saved_s": self._compile_saved_s},
+            "compile_cache": {"compiled_ahead": self._steps.compiled_ahead, "saved_s": self._steps.saved_s},
             "samples": samples,
+            "data_position": self._position,
+            "started_at": self._clock.started_at,
+            "ended_at": self._clock.ended_at,
+            "first_step_ended_at": self._first_step_ended_at,
         }

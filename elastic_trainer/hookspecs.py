@@ -6,6 +6,7 @@ fire in this order::
 
     et_run_start
     et_make_mesh                      (once, for the initial mesh)
+    et_likely_layouts -> et_make_mesh (for each layout to compile ahead)
     et_before_restore, et_after_restore         (when resuming)
     for every step:
         et_step_start
@@ -139,6 +140,18 @@ def et_propose_resize(trainer: Trainer, healthy_slices: list[int]) -> list[int] 
     Return the slices to continue on (a resize happens at once, the state
     moving from the slices in use), or ``None`` to keep the current ones.
     ``firstresult``. Strategies that scale back up implement it.
+    """
+
+
+@hookspec
+def et_likely_layouts(trainer: Trainer) -> list[list[int]]:
+    """Called once after the first compile, to learn which slice sets may come next.
+
+    :param trainer: the trainer; ``trainer.slices`` are the slices in use.
+
+    Return lists of slice indices. The trainer compiles a step for each on a
+    background thread (with the full global batch), so that a recovery onto
+    one of them does not wait for a compile. All plugins' answers are used.
     """
 
 

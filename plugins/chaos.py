@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 from collections.abc import Iterable, Mapping
 
 import numpy as np
 
 import elastic_trainer as et
 
+FIRED_FILE = "chaos_fired.json"
 PHASES = ("train_step", "recovery")
 """When a scheduled failure strikes: during the train step ``at_step``, or
 while recovering from the failure at step ``at_step`` (a second failure)."""
@@ -44,6 +46,10 @@ class Chaos:
         the slices in use with probability ``1 / mean`` (0: off).
     :param random_down_for_s: how long a randomly lost slice stays down.
     :param seed: seeds random mode; the same seed loses the same slices at the same steps.
+
+    Scheduled failures strike once per run: a resumed run (a restarted
+    worker) reads which already struck from ``chaos_fired.json`` in the run
+    directory.
     """
 
     name = "chaos"
@@ -68,6 +74,8 @@ class Chaos:
         """Check that the cluster can lose slices and has the ones scheduled."""
         if not hasattr(trainer.cluster, "fail_slice"):
             raise et.ConfigError(f"chaos needs a cluster that can lose slices (cluster=simulated), not {trainer.cluster.kind}.")
+        if trainer.resume and trainer.run_dir is not None and (trainer.run_dir / FIRED_FILE).exists():
+            self._fired = set(json.loads((trainer.run_dir / FIRED_FILE).read_text()))
         slices = len(trainer.cluster.slice_devices())
         for failure in self.failures:
             if failure.slice >= slices:
@@ -93,4 +101,7 @@ class Chaos:
         for index, failure in enumerate(self.failures):
             if index not in self._fired and failure.at_step == step and failure.phase == phase:
                 self._fired.add(index)
+                if trainer.run_dir is not None:
+                    trainer.run_dir.mkdir(parents=True, exist_ok=True)
+                    (trainer.run_dir / FIRED_FILE).write_text(json.dumps(sorted(self._fired)))
                 trainer.cluster.fail_slice(failure.slice, down_for_s=failure.down_for_s)

@@ -70,6 +70,13 @@ class ScaleDown:
         )
 
     @et.hookimpl
+    def et_likely_layouts(self, trainer: et.Trainer) -> list[list[int]]:
+        """Every layout with one slice fewer: where the next failure will take the run."""
+        if len(trainer.slices) <= self.min_slice_count:
+            return []
+        return [[s for s in trainer.slices if s != lost] for lost in trainer.slices]
+
+    @et.hookimpl
     def et_propose_resize(self, trainer: et.Trainer, healthy_slices: list[int]) -> list[int] | None:
         """Take back every healthy slice when more are healthy than in use."""
         if self.scale_up and len(healthy_slices) > len(trainer.slices):

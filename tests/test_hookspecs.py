@@ -33,6 +33,10 @@ class Recorder:
         self._record("et_slice_health", trainer=trainer)
 
     @et.hookimpl
+    def et_likely_layouts(self, trainer):
+        self._record("et_likely_layouts", trainer=trainer)
+
+    @et.hookimpl
     def et_propose_resize(self, trainer, healthy_slices):
         self._record("et_propose_resize", trainer=trainer, healthy_slices=healthy_slices)
 
@@ -97,7 +101,7 @@ def test_every_hook_is_prefixed_and_documented():
 STEP = ["et_step_start", "et_step_end"]
 BOUNDARY = ["et_slice_health", "et_propose_resize"]  # between steps, not after the last
 SAVE = ["et_before_checkpoint_save", "et_after_checkpoint_save"]
-START = ["et_run_start", "et_make_mesh"]
+START = ["et_run_start", "et_make_mesh", "et_likely_layouts"]
 
 
 def test_plugin_sees_hooks_of_a_run_in_documented_order(tiny_trainer_kwargs):

@@ -1,0 +1,78 @@
+"""The run report: a one-screen summary, and one report out of a full restart's workers."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.table import Table
+
+from ._goodput import BADPUT_CATEGORIES
+from ._ledger import SampleLedger
+
+
+def summary_table(report: dict[str, Any]) -> Table:
+    """The run at a glance: progress, loss, and where the wall time went."""
+    table = Table(title="elastic_trainer run", show_header=False, title_justify="left")
+    table.add_column(style="bold")
+    table.add_column()
+    table.add_row("strategy", str(report["strategy"]))
+    table.add_row("steps", f"{report['steps_completed']} / {report['steps_target']}")
+    if report["loss_first"] is not None:
+        table.add_row("loss", f"{report['loss_first']:.4f} -> {report['final_loss']:.4f}")
+    table.add_row("wall", f"{report['wall_s']:.1f} s")
+    table.add_row("goodput", f"{report['goodput']:.1%} ({report['productive_s']:.1f} s productive)")
+    for category, seconds in report["badput_s"].items():
+        if seconds >= 0.05:
+            share = seconds / report["wall_s"]
+            table.add_row(f"  {category}", f"{seconds:6.1f} s  {'#' * round(30 * share):<30} {share:.1%}")
+    for failure in report["failures"]:
+        table.add_row(
+            f"failure @ {failure['step']}",
+            f"slices {failure['slices']} {failure['kind']}: {failure['action']}, "
+            f"{failure['slices_before']} -> {failure['slices_after']} slices, from {failure['restored_from']}, "
+            f"{failure['lost_steps']} steps lost, recovered in {failure['recovery_s']:.1f} s",
+        )
+    samples = report["samples"]
+    table.add_row("samples", f"{samples['consumed']} consumed, {samples['duplicated']} duplicated, "
+                             f"{samples['skipped']} skipped")
+    if report.get("stopped"):
+        table.add_row("stopped", report["stopped"])
+    return table
+
+
+def merge_worker_reports(
+    reports: list[dict[str, Any]], ledgers: list[dict], *, started_at: float
+) -> dict[str, Any]:
+    """One report for a run whose workers were restarted: wall time from ``started_at``
+    (the supervisor's start), time summed over workers, the gaps between them as
+    startup, each restart's recovery measured from its failure to the next
+    worker's first step, and samples counted over every worker's committed steps.
+    """
+    first, last = reports[0], reports[-1]
+    wall = last["ended_at"] - started_at
+    badput = {category: sum(r["badput_s"][category] for r in reports) for category in BADPUT_CATEGORIES}
+    badput["startup"] += wall - sum(r["wall_s"] for r in reports)  # process restarts between workers
+    productive = sum(r["productive_s"] for r in reports)
+    badput["other"] = max(0.0, badput["other"] + wall - productive - sum(badput.values()))
+    failures = []
+    for worker, following in zip(reports, [*reports[1:], None]):
+        copies = [dict(f) for f in worker["failures"]]
+        if following is not None and following["first_step_ended_at"] is not None:
+            copies[-1]["recovery_s"] = following["first_step_ended_at"] - copies[-1]["failed_at"]
+        failures += copies
+    ledger = SampleLedger.from_arrays(ledgers[0])
+    for more in ledgers[1:]:
+        ledger.extend(more)
+    return {
+        **last,
+        "loss_first": first["loss_first"],
+        "wall_s": wall,
+        "productive_s": productive,
+        "goodput": productive / wall,
+        "badput_s": badput,
+        "failures": failures,
+        "resizes": [z for r in reports for z in r["resizes"]],
+        "samples": ledger.counts(last["data_position"]),
+        "started_at": started_at,
+        "workers": len(reports),
+    }

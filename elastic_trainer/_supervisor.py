@@ -1,0 +1,63 @@
+"""Full restarts done honestly: the CLI process supervises worker processes and restarts them."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+from rich.console import Console
+
+from ._report import merge_worker_reports, summary_table
+
+RESTART_EXIT_CODE = 75
+"""A worker's exit status when its strategy asks for a fresh process (EX_TEMPFAIL)."""
+
+WORKER_ENV = "ELASTIC_TRAINER_WORKER"
+"""Set in a worker's environment to its attempt number; a worker never supervises."""
+
+
+def is_worker() -> bool:
+    """Whether this process is a worker started by a supervisor."""
+    return WORKER_ENV in os.environ
+
+
+def supervise(*, overrides: list[str], run_dir: Path, max_restarts: int, started_at: float) -> int:
+    """Run workers with ``overrides`` until one ends other than by asking for a restart.
+
+    Each restarted worker is a new interpreter that starts JAX, compiles and
+    restores the last complete checkpoint (``checkpoint.resume=true``), so a
+    restart costs what it costs. The workers' reports are kept as
+    ``report.worker<N>.json`` and merged into one ``report.json``. Returns the
+    exit status for the command line.
+    """
+    kept = [o for o in overrides if not o.startswith(("hydra.run.dir=", "checkpoint.resume="))]
+    reports, ledgers, resume = [], [], []
+    while True:
+        attempt = len(reports)
+        command = [sys.executable, "-m", "elastic_trainer", *kept, f"hydra.run.dir={run_dir}", *resume]
+        status = subprocess.run(command, env={**os.environ, WORKER_ENV: str(attempt)}).returncode
+        report_file, samples_file = run_dir / "report.json", run_dir / "samples.npz"
+        if not report_file.exists():
+            return status  # the worker failed before training (bad input): it said why
+        reports.append(json.loads(report_file.read_text()))
+        report_file.rename(run_dir / f"report.worker{attempt}.json")
+        with np.load(samples_file) as samples:
+            ledgers.append(dict(samples))
+        samples_file.rename(run_dir / f"samples.worker{attempt}.npz")
+        if status != RESTART_EXIT_CODE:
+            break
+        if attempt >= max_restarts:
+            reports[-1]["stopped"] = f"full_restart gave up after {max_restarts} restarts (strategy.max_restarts)."
+            status = 3
+            break
+        print(f"elastic_trainer: supervisor: restarting the worker (restart {attempt + 1})", flush=True)
+        resume = ["checkpoint.resume=true"]
+    report = merge_worker_reports(reports, ledgers, started_at=started_at)
+    report_file.write_text(json.dumps(report, indent=2) + "\n")
+    Console().print(summary_table(report))
+    print(f"report: {report_file}")
+    return status

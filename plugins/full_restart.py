@@ -1,0 +1,25 @@
+"""The ``full_restart`` strategy: the traditional baseline, a new process from the last checkpoint."""
+
+from __future__ import annotations
+
+import elastic_trainer as et
+
+
+class FullRestart:
+    """End the worker on a lost slice; the supervisor starts a fresh one that restores the last checkpoint.
+
+    :param max_restarts: stop after this many restarts.
+    """
+
+    name = "full_restart"
+    restarts_process = True  # the command line runs workers under a supervisor for this strategy
+
+    def __init__(self, max_restarts: int = 10):
+        if max_restarts < 0:
+            raise et.ConfigError(f"strategy.max_restarts must be at least 0, got {max_restarts}.")
+        self.max_restarts = max_restarts
+
+    @et.hookimpl
+    def et_choose_recovery(self) -> et.RecoveryPlan:
+        """Always restart the whole worker process."""
+        return et.RecoveryPlan(action="full_restart", restart_process=True)
