@@ -5,6 +5,7 @@ from __future__ import annotations
 import difflib
 import importlib.resources
 import sys
+import time
 from pathlib import Path
 
 import hydra
@@ -25,9 +26,20 @@ EXIT_BAD_INPUT = 2
 EXIT_TRAINING_STOPPED = 3
 
 
+_jobs_started = 0
+
+
+def _job_started_at() -> float:
+    """When this job's wall clock starts: the process start for the first job of
+    the process, the job's own start for the later jobs of a multirun."""
+    global _jobs_started
+    _jobs_started += 1
+    return psutil.Process().create_time() if _jobs_started == 1 else time.time()
+
+
 @hydra.main(version_base=None, config_path=f"pkg://{CONFIG_MODULE}", config_name="config")
 def _app(cfg: DictConfig) -> None:
-    started_at = psutil.Process().create_time()
+    started_at = _job_started_at()
     hydra_cfg = HydraConfig.get()
     try:
         strategy = build_strategy(cfg)
