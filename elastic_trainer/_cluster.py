@@ -67,7 +67,9 @@ class SimulatedCluster(AbstractCluster):
     a real one does: the next step on a mesh that includes it raises a
     ``DATA_LOSS`` error, its shards are destroyed (overwritten with NaN, or the
     largest integer), and health checks report it down until its down time
-    has passed.
+    has passed. A slice hung with :meth:`hang_slice` is down too, but a step
+    that uses it does not finish until the slice is back: only the trainer's
+    watchdog ends the wait.
     """
 
     kind = "simulated"
@@ -79,6 +81,7 @@ class SimulatedCluster(AbstractCluster):
         self.devices_per_slice = devices_per_slice
         self._down_until = [0.0] * slices
         self._failures = [0] * slices
+        self._hung: set[int] = set()
 
     @property
     def num_devices(self) -> int:
@@ -118,6 +121,11 @@ class SimulatedCluster(AbstractCluster):
         self._down_until[index] = time.monotonic() + down_for_s
         self._failures[index] += 1
 
+    def hang_slice(self, index: int, *, down_for_s: float) -> None:
+        """Hang slice ``index`` now: a step using it does not finish until it comes back."""
+        self.fail_slice(index, down_for_s=down_for_s)
+        self._hung.add(index)
+
     def healthy_slices(self) -> list[int]:
         now = time.monotonic()
         return [i for i, until in enumerate(self._down_until) if until <= now]
@@ -126,6 +134,8 @@ class SimulatedCluster(AbstractCluster):
         return tuple(self._failures)
 
     def check_step(self, slices: Sequence[int]) -> None:
+        for index in self._hung & set(slices):  # a hung slice holds the step until it is back
+            time.sleep(max(0.0, self._down_until[index] - time.monotonic()))
         lost = sorted(set(slices) - set(self.healthy_slices()))
         if lost:
             raise SliceLostError(f"DATA_LOSS: simulated slice(s) {lost} lost during the step", slices=lost)

@@ -26,11 +26,13 @@ class TrainerConfig:
     global_batch_size: int = 48
     within_slice: str = "replicated"
     snapshot_period: int = 10
+    step_timeout_s: float = 300.0
 
     def __post_init__(self):
         check_at_least("trainer.steps", self.steps, 1)
         check_at_least("trainer.global_batch_size", self.global_batch_size, 1)
         check_at_least("trainer.snapshot_period", self.snapshot_period, 0)
+        check_at_least("trainer.step_timeout_s", self.step_timeout_s, 0)
         if self.within_slice not in ("replicated", "sharded"):
             raise ConfigError(f"trainer.within_slice must be 'replicated' or 'sharded', got {self.within_slice!r}.")
 
@@ -182,6 +184,7 @@ class ScheduledFailureConfig:
     slice: int = MISSING
     phase: str = "train_step"
     down_for_s: float = 1e9
+    hang: bool = False
 
 
 @dataclasses.dataclass
@@ -257,6 +260,7 @@ def build_trainer(
         global_batch_size=cfg.trainer.global_batch_size,
         within_slice=cfg.trainer.within_slice,
         snapshot_period=cfg.trainer.snapshot_period,
+        step_timeout_s=cfg.trainer.step_timeout_s,
         strategy=strategy if strategy is not None else build_strategy(cfg),
         plugins=[_instantiate(cfg, "chaos")] if cfg.chaos is not None else [],
         seed=cfg.seed,

@@ -35,6 +35,10 @@ class SliceLostError(jax.errors.JaxRuntimeError):
         self.slices = tuple(slices)
 
 
+class StepTimeoutError(SliceLostError):
+    """A step ran past ``trainer.step_timeout_s``: treated like a lost slice, found by health checks."""
+
+
 @dataclasses.dataclass(frozen=True)
 class RecoveryPlan:
     """What a strategy decided to do about a failure; the trainer carries it out.

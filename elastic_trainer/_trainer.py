@@ -37,6 +37,7 @@ from ._plugins import make_plugin_manager
 from ._state import TrainState, init_train_state
 from ._step import LossFn, make_step_fn
 from ._step_cache import StepCache
+from ._watchdog import Watchdog
 
 _HEALTH_POLL_S = 0.05
 
@@ -79,6 +80,8 @@ class Trainer:
     :param within_slice: ``"replicated"`` or ``"sharded"`` state within a slice.
     :param snapshot_period: copy the state to host memory every this many
         steps, to restore from when no slice survives (0: never).
+    :param step_timeout_s: a step that takes longer is a failure (a hung
+        slice), classified and recovered like a lost one (0: no limit).
     :param plugins: extra plugins, registered after the built-in ones.
     :param plugin_manager: use this manager instead of building one.
     :param strategy: the recovery strategy, a plugin implementing
@@ -105,6 +108,7 @@ class Trainer:
         seed: int = 0,
         within_slice: WithinSlice = "replicated",
         snapshot_period: int = 10,
+        step_timeout_s: float = 300.0,
         plugins: Iterable[object] = (),
         plugin_manager: pluggy.PluginManager | None = None,
         strategy: object | None = None,
@@ -117,6 +121,7 @@ class Trainer:
         check_at_least("trainer.steps", steps, 1)
         check_at_least("trainer.global_batch_size", global_batch_size, 1)
         check_at_least("trainer.snapshot_period", snapshot_period, 0)
+        check_at_least("trainer.step_timeout_s", step_timeout_s, 0)
         if within_slice not in ("replicated", "sharded"):
             raise ConfigError(f"trainer.within_slice must be 'replicated' or 'sharded', got {within_slice!r}.")
         if resume and checkpointer is None:
@@ -130,6 +135,7 @@ class Trainer:
         self.seed = seed
         self.within_slice = within_slice
         self.snapshot_period = snapshot_period
+        self._watchdog = Watchdog(step_timeout_s)
         self.checkpointer = checkpointer
         self.resume = resume
         self.run_dir = None if run_dir is None else Path(run_dir)
@@ -254,8 +260,12 @@ class Trainer:
         """
         batch = jax.device_put(self.data.get_batch(ids), batch_sharding(layout.mesh))
         new_arrays, metrics = layout.compiled(arrays, batch, jnp.float32(layout.lr_scale))
-        jax.block_until_ready(new_arrays)
-        self.cluster.check_step(layout.slices)
+
+        def wait_for_step() -> None:
+            jax.block_until_ready(new_arrays)
+            self.cluster.check_step(layout.slices)
+
+        self._watchdog.wait(wait_for_step)
         return new_arrays, metrics
 
     # ------------------------------------------------------------------ layouts

@@ -24,12 +24,15 @@ class ScheduledFailure:
     :param slice: the slice lost.
     :param phase: ``train_step`` or ``recovery``.
     :param down_for_s: how long the slice stays down.
+    :param hang: hang the slice instead: the step does not fail but never
+        finishes while the slice is down (the watchdog must catch it).
     """
 
     at_step: int
     slice: int
     phase: str = "train_step"
     down_for_s: float = 1e9
+    hang: bool = False
 
     def __post_init__(self):
         if self.at_step < 0 or self.slice < 0 or self.down_for_s < 0:
@@ -104,4 +107,5 @@ class Chaos:
                 if trainer.run_dir is not None:
                     trainer.run_dir.mkdir(parents=True, exist_ok=True)
                     (trainer.run_dir / FIRED_FILE).write_text(json.dumps(sorted(self._fired)))
-                trainer.cluster.fail_slice(failure.slice, down_for_s=failure.down_for_s)
+                lose = trainer.cluster.hang_slice if failure.hang else trainer.cluster.fail_slice
+                lose(failure.slice, down_for_s=failure.down_for_s)

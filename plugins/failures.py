@@ -15,6 +15,7 @@ def et_classify_failure(error: BaseException, step: int, phase: str) -> et.Failu
     code = next((code for code in ELASTIC_STATUS_CODES if code in message), None)
     if code is None:
         return et.Failure(error=error, step=step, phase=phase, elastic=False, kind="fatal")
+    kind = "slice_hung" if code == "DEADLINE_EXCEEDED" else "slice_lost"
     return et.Failure(
-        error=error, step=step, phase=phase, elastic=True, kind="slice_lost", slices=tuple(getattr(error, "slices", ()))
+        error=error, step=step, phase=phase, elastic=True, kind=kind, slices=tuple(getattr(error, "slices", ()))
     )
