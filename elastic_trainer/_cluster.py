@@ -42,10 +42,12 @@ class AbstractCluster(abc.ABC):
         """
         return (0,) * len(self.slice_devices())
 
-    def check_step(self, slices: Sequence[int]) -> None:
+    def check_step(self, slices: Sequence[int], *, since: tuple[int, ...]) -> None:
         """Raise what the hardware raises if a slice in ``slices`` was lost during the step.
 
-        Real runtimes raise from the step itself, so by default this does nothing.
+        ``since`` holds the :meth:`incarnations` as of the state the step
+        started from. Real runtimes raise from the step itself, so by default
+        this does nothing.
         """
 
     def surviving(self, tree: PyTree, lost_slices: Sequence[int]) -> PyTree:
@@ -133,10 +135,11 @@ class SimulatedCluster(AbstractCluster):
     def incarnations(self) -> tuple[int, ...]:
         return tuple(self._failures)
 
-    def check_step(self, slices: Sequence[int]) -> None:
+    def check_step(self, slices: Sequence[int], *, since: tuple[int, ...]) -> None:
         for index in self._hung & set(slices):  # a hung slice holds the step until it is back
             time.sleep(max(0.0, self._down_until[index] - time.monotonic()))
-        lost = sorted(set(slices) - set(self.healthy_slices()))
+        healthy = set(self.healthy_slices())
+        lost = [s for s in slices if s not in healthy or self._failures[s] != since[s]]
         if lost:
             raise SliceLostError(f"DATA_LOSS: simulated slice(s) {lost} lost during the step", slices=lost)
 

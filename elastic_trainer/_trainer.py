@@ -207,6 +207,7 @@ class Trainer:
                         new_arrays, metrics = self._run_step(layout, arrays, ids)
                 except Exception as error:
                     arrays, layout = self._recover(error, step=step, arrays=arrays, layout=layout)
+                    self._incarnations = self.cluster.incarnations()  # the state is whole again
                     step, position = int(arrays.step), int(arrays.data_position)
                     self._roll_back(step)
                     continue
@@ -227,6 +228,7 @@ class Trainer:
                         self._save(step, arrays, position)
                 if step < self.steps:
                     arrays, layout = self._maybe_resize(step, arrays, layout)
+                    self._incarnations = self.cluster.incarnations()
         except TrainingStopped as stop:
             stopped = stop
             if isinstance(stop, RestartRequested):  # the state goes back to the last checkpoint
@@ -263,7 +265,7 @@ class Trainer:
 
         def wait_for_step() -> None:
             jax.block_until_ready(new_arrays)
-            self.cluster.check_step(layout.slices)
+            self.cluster.check_step(layout.slices, since=self._incarnations)
 
         self._watchdog.wait(wait_for_step)
         return new_arrays, metrics

@@ -70,7 +70,8 @@ class Chaos:
         self.mean_steps_between_failures = mean_steps_between_failures
         self.random_down_for_s = random_down_for_s
         self.seed = seed
-        self._fired: set[int] = set()
+        self._fired: set[int] = set()  # scheduled failures that struck
+        self._random_steps: set[int] = set()  # steps a random failure struck (a retried step is spared)
 
     @et.hookimpl
     def et_run_start(self, trainer: et.Trainer) -> None:
@@ -78,7 +79,8 @@ class Chaos:
         if not hasattr(trainer.cluster, "fail_slice"):
             raise et.ConfigError(f"chaos needs a cluster that can lose slices (cluster=simulated), not {trainer.cluster.kind}.")
         if trainer.resume and trainer.run_dir is not None and (trainer.run_dir / FIRED_FILE).exists():
-            self._fired = set(json.loads((trainer.run_dir / FIRED_FILE).read_text()))
+            fired = json.loads((trainer.run_dir / FIRED_FILE).read_text())
+            self._fired, self._random_steps = set(fired["scheduled"]), set(fired["random_steps"])
         slices = len(trainer.cluster.slice_devices())
         for failure in self.failures:
             if failure.slice >= slices:
@@ -89,11 +91,12 @@ class Chaos:
     def et_step_start(self, trainer: et.Trainer, step: int) -> None:
         """Lose the slices scheduled for this step, and in random mode maybe one more."""
         self._strike(trainer, step, "train_step")
-        if self.mean_steps_between_failures:
+        if self.mean_steps_between_failures and step not in self._random_steps:
             rng = np.random.default_rng([self.seed, step])
             if rng.random() < 1 / self.mean_steps_between_failures:
-                victim = int(rng.choice(trainer.slices))
-                trainer.cluster.fail_slice(victim, down_for_s=self.random_down_for_s)
+                self._random_steps.add(step)
+                self._remember(trainer)
+                trainer.cluster.fail_slice(int(rng.choice(trainer.slices)), down_for_s=self.random_down_for_s)
 
     @et.hookimpl(tryfirst=True)
     def et_choose_recovery(self, trainer: et.Trainer, failure: et.Failure) -> None:
@@ -104,8 +107,13 @@ class Chaos:
         for index, failure in enumerate(self.failures):
             if index not in self._fired and failure.at_step == step and failure.phase == phase:
                 self._fired.add(index)
-                if trainer.run_dir is not None:
-                    trainer.run_dir.mkdir(parents=True, exist_ok=True)
-                    (trainer.run_dir / FIRED_FILE).write_text(json.dumps(sorted(self._fired)))
+                self._remember(trainer)
                 lose = trainer.cluster.hang_slice if failure.hang else trainer.cluster.fail_slice
                 lose(failure.slice, down_for_s=failure.down_for_s)
+
+    def _remember(self, trainer: et.Trainer) -> None:
+        """Write down what struck, so that a restarted worker does not strike again."""
+        if trainer.run_dir is not None:
+            trainer.run_dir.mkdir(parents=True, exist_ok=True)
+            fired = {"scheduled": sorted(self._fired), "random_steps": sorted(self._random_steps)}
+            (trainer.run_dir / FIRED_FILE).write_text(json.dumps(fired))

@@ -1,0 +1,380 @@
+"""Recovery from lost slices: strategies, restore sources, sample accounting and chaos injection.
+
+Runs are expensive (each new mesh is a compile), so the failure-free
+baselines that several tests compare against are computed once per module.
+
+The keep-global-batch runs use a global batch of 24, not 16: after losing one
+of 4 slices of 2 devices, the batch must split over 6 devices.
+"""
+
+import time
+
+import equinox as eqx
+import jax
+import numpy as np
+import pytest
+
+import elastic_trainer as et
+from elastic_trainer_plugins.chaos import Chaos
+from elastic_trainer_plugins.pause_resume import PauseResume
+from elastic_trainer_plugins.scale_down import ScaleDown
+
+BATCH = 24  # divisible by 8, 6, 4 and 2 devices: every mesh a keep_global run can shrink to
+STEPS = 6
+FAIL_AT = 3
+FOREVER = 1e9
+
+_cache: dict = {}
+
+
+def params_of(state):
+    return [np.asarray(leaf) for leaf in jax.tree.leaves(eqx.filter(state.params, eqx.is_array))]
+
+
+def is_float(array):
+    return np.issubdtype(array.dtype, np.inexact)
+
+
+def assert_params_close(actual, expected):
+    assert len(actual) == len(expected)
+    for a, b in zip(actual, expected, strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
+def baseline_params(make, *, steps, global_batch_size=BATCH):
+    """The params of a failure-free run (no strategy, no chaos), computed once per module."""
+    key = ("baseline", steps, global_batch_size)
+    if key not in _cache:
+        _cache[key] = params_of(et.Trainer(**make(steps=steps, global_batch_size=global_batch_size)).fit().state)
+    return _cache[key]
+
+
+def fit(trainer):
+    """``(state, report)``; ``state`` is None when the run stopped."""
+    try:
+        state, report = trainer.fit()
+    except et.TrainingStopped as stopped:
+        assert stopped.report is not None
+        return None, stopped.report
+    return state, report
+
+
+def chaos(*failures, **kwargs):
+    return Chaos(failures=[dict(f) for f in failures], **kwargs)
+
+
+def lose(slice_, *, at_step=FAIL_AT, down_for_s=FOREVER, phase="train_step"):
+    return {"at_step": at_step, "slice": slice_, "down_for_s": down_for_s, "phase": phase}
+
+
+class RestoreRecorder:
+    """Records every restore: its step, source, the state handed to plugins, and when (monotonic)."""
+
+    def __init__(self):
+        self.restored = []
+
+    @et.hookimpl
+    def et_after_restore(self, step, source, state):
+        self.restored.append((step, source, state, time.monotonic()))
+
+
+# ------------------------------------------------------------------ scale_down, one slice lost for good
+
+
+def scale_down_one_lost(make):
+    """A scale_down run that loses slice 1 at step 3 for good, with what its recovery saw.
+
+    ``cluster.surviving`` is wrapped to capture what is left of the state once
+    slice 1 is gone (the simulated cluster overwrites its shards with NaN).
+    """
+    if "scale_down_one_lost" not in _cache:
+        recorder = RestoreRecorder()
+        trainer = et.Trainer(**make(steps=STEPS, global_batch_size=BATCH, strategy=ScaleDown(),
+                                    plugins=[chaos(lose(1)), recorder]))
+        surviving, captured = trainer.cluster.surviving, []
+
+        def capture(tree, lost_slices):
+            left = surviving(tree, lost_slices)
+            captured.append((list(lost_slices), left))
+            return left
+
+        trainer.cluster.surviving = capture
+        state, report = fit(trainer)
+        _cache["scale_down_one_lost"] = trainer, state, report, captured, recorder.restored
+    return _cache["scale_down_one_lost"]
+
+
+def test_scale_down_continues_from_a_replica_and_trains_like_a_failure_free_run(tiny_trainer_kwargs):
+    _, state, report, _, _ = scale_down_one_lost(tiny_trainer_kwargs)
+    assert state is not None, report["stopped"]
+    assert report["steps_completed"] == STEPS and int(state.step) == STEPS
+    [failure] = report["failures"]
+    assert (failure["step"], failure["slice"], failure["slices"]) == (FAIL_AT, 1, [1])
+    assert (failure["kind"], failure["action"]) == ("slice_lost", "scale_down")
+    assert (failure["restored_from"], failure["lost_steps"]) == ("replica", 0)
+    assert (failure["slices_before"], failure["slices_after"]) == (4, 3)
+    resizes = [(r["step"], r["reason"], r["slices_before"], r["slices_after"], r["slices"]) for r in report["resizes"]]
+    assert resizes == [(FAIL_AT, "failure", 4, 3, [0, 2, 3])]
+    assert report["samples"] == {"consumed": STEPS * BATCH, "duplicated": 0, "skipped": 0}
+    assert int(state.data_position) == STEPS * BATCH
+    assert_params_close(params_of(state), baseline_params(tiny_trainer_kwargs, steps=STEPS))
+
+
+def test_recovery_never_reads_the_lost_slice(tiny_trainer_kwargs):
+    trainer, state, report, captured, restored = scale_down_one_lost(tiny_trainer_kwargs)
+    assert state is not None, report["stopped"]
+    dead = set(trainer.cluster.slice_devices()[1])
+    # What recovery works with has NaN (or the largest integer) wherever slice 1 held the state...
+    [(lost, left)] = captured
+    assert lost == [1]
+    float_leaves = [a for a in jax.tree.leaves(left) if is_float(a)]
+    assert float_leaves
+    for array in jax.tree.leaves(left):
+        assert dead <= set(array.sharding.device_set)
+        for shard in array.addressable_shards:
+            data = np.asarray(shard.data)
+            if shard.device in dead:
+                if is_float(array):
+                    assert np.isnan(data).all()
+                else:
+                    assert (data == np.iinfo(data.dtype).max).all()
+            elif is_float(array):
+                assert np.isfinite(data).all()
+    # ...yet the restored state is whole, off slice 1, and exactly the state before the failed step.
+    [(step, source, restored_state, _)] = restored
+    assert (step, source) == (FAIL_AT, "replica")
+    restored_params = params_of(restored_state)
+    for leaf in restored_params:
+        assert np.isfinite(leaf).all()
+    for leaf in jax.tree.leaves(eqx.filter(restored_state, eqx.is_array)):
+        assert not dead & set(leaf.sharding.device_set)
+    assert int(restored_state.step) == FAIL_AT and int(restored_state.data_position) == FAIL_AT * BATCH
+    assert_params_close(restored_params, baseline_params(tiny_trainer_kwargs, steps=FAIL_AT))
+
+
+# ------------------------------------------------------------------ scale_down, slice back soon
+
+
+class WaitForAllSlices:
+    """Makes the step that ends at ``after_step`` last until every slice is healthy again.
+
+    Pins down at which step boundary a returning slice is seen, whatever the
+    machine's speed.
+    """
+
+    def __init__(self, after_step, timeout_s=30.0):
+        self.after_step = after_step
+        self.timeout_s = timeout_s
+
+    @et.hookimpl
+    def et_step_end(self, trainer, step):
+        deadline = time.monotonic() + self.timeout_s
+        while step == self.after_step and len(trainer.cluster.healthy_slices()) < trainer.cluster.slices:
+            assert time.monotonic() < deadline, "the lost slice did not come back"
+            time.sleep(0.01)
+
+
+def test_scale_down_scales_back_up_when_the_slice_returns(tiny_trainer_kwargs):
+    trainer = et.Trainer(**tiny_trainer_kwargs(
+        steps=STEPS, global_batch_size=BATCH, strategy=ScaleDown(),
+        plugins=[chaos(lose(0, down_for_s=1.5)), WaitForAllSlices(after_step=FAIL_AT + 1)],
+    ))
+    state, report = fit(trainer)
+    assert state is not None, report["stopped"]
+    [failure] = report["failures"]
+    assert (failure["step"], failure["slices"], failure["restored_from"]) == (FAIL_AT, [0], "replica")
+    assert (failure["slices_before"], failure["slices_after"]) == (4, 3)
+    resizes = [(r["step"], r["reason"], r["slices_before"], r["slices_after"], r["slices"]) for r in report["resizes"]]
+    assert resizes == [(FAIL_AT, "failure", 4, 3, [1, 2, 3]), (FAIL_AT + 1, "scale_up", 3, 4, [0, 1, 2, 3])]
+    assert report["resizes"][1]["compile_cached"] is True  # back on the first layout: nothing to compile
+    assert trainer.slices == (0, 1, 2, 3)
+    assert report["samples"] == {"consumed": STEPS * BATCH, "duplicated": 0, "skipped": 0}
+    assert_params_close(params_of(state), baseline_params(tiny_trainer_kwargs, steps=STEPS))
+
+
+def test_a_slice_lost_for_no_time_still_fails_the_step(tiny_trainer_kwargs):
+    trainer = et.Trainer(**tiny_trainer_kwargs(steps=5, global_batch_size=BATCH, strategy=PauseResume(timeout_s=60),
+                                               plugins=[chaos(lose(1, down_for_s=0.0))]))
+    state, report = fit(trainer)
+    assert trainer.cluster.incarnations() == (0, 1, 0, 0)  # chaos did lose it
+    assert [(f["step"], f["slices"]) for f in report["failures"]] == [(FAIL_AT, [1])]
+    assert state is not None, report["stopped"]
+    assert report["failures"][0]["slices_after"] == 4
+
+
+# ------------------------------------------------------------------ pause_resume
+
+
+def test_pause_resume_waits_for_the_slice_then_resumes_on_all_slices(tiny_trainer_kwargs):
+    recorder = RestoreRecorder()
+    trainer = et.Trainer(**tiny_trainer_kwargs(steps=STEPS, global_batch_size=BATCH, strategy=PauseResume(timeout_s=60),
+                                               plugins=[chaos(lose(1, down_for_s=1.5)), recorder]))
+    fail_slice, failed_at = trainer.cluster.fail_slice, []
+
+    def timed_fail_slice(index, *, down_for_s):
+        failed_at.append(time.monotonic())
+        fail_slice(index, down_for_s=down_for_s)
+
+    trainer.cluster.fail_slice = timed_fail_slice
+    state, report = fit(trainer)
+    assert state is not None, report["stopped"]
+    [failure] = report["failures"]
+    assert (failure["action"], failure["slices"], failure["restored_from"]) == ("pause_resume", [1], "replica")
+    assert (failure["slices_before"], failure["slices_after"], failure["lost_steps"]) == (4, 4, 0)
+    # The restore happened only once slice 1 was back; the wait took (almost all of) its 1.5 s down time.
+    [fail_time], [(_, _, _, restore_time)] = failed_at, recorder.restored
+    assert restore_time - fail_time >= 1.5
+    assert failure["waiting_s"] >= 1.0
+    assert report["badput_s"]["waiting_for_slices"] >= 1.0
+    assert report["resizes"] == []  # back on the same 4 slices
+    assert trainer.slices == (0, 1, 2, 3)
+    assert report["samples"] == {"consumed": STEPS * BATCH, "duplicated": 0, "skipped": 0}
+    assert_params_close(params_of(state), baseline_params(tiny_trainer_kwargs, steps=STEPS))
+
+
+def test_pause_resume_stops_when_the_slice_is_not_back_in_time(tiny_trainer_kwargs):
+    trainer = et.Trainer(**tiny_trainer_kwargs(steps=STEPS, global_batch_size=BATCH,
+                                               strategy=PauseResume(timeout_s=0.2), plugins=[chaos(lose(1))]))
+    with pytest.raises(et.TrainingStopped, match=r"fewer than the 4 the strategy needs") as stopped:
+        trainer.fit()
+    report = stopped.value.report
+    assert report["steps_completed"] == FAIL_AT
+    assert report["stopped"] == str(stopped.value)
+    [failure] = report["failures"]
+    assert (failure["step"], failure["action"], failure["restored_from"]) == (FAIL_AT, "pause_resume", "none")
+    assert failure["waiting_s"] >= 0.2
+    assert report["samples"] == {"consumed": FAIL_AT * BATCH, "duplicated": 0, "skipped": 0}
+
+
+# ------------------------------------------------------------------ a second failure while recovering
+
+
+def test_scale_down_survives_a_second_failure_during_recovery(tiny_trainer_kwargs):
+    trainer = et.Trainer(**tiny_trainer_kwargs(steps=STEPS, global_batch_size=BATCH, strategy=ScaleDown(),
+                                               plugins=[chaos(lose(1), lose(2, phase="recovery"))]))
+    state, report = fit(trainer)
+    assert state is not None, report["stopped"]
+    assert trainer.cluster.incarnations() == (0, 1, 1, 0)
+    [failure] = report["failures"]
+    assert (failure["step"], failure["phase"], failure["slices"]) == (FAIL_AT, "train_step", [1, 2])
+    assert (failure["slices_before"], failure["slices_after"], failure["restored_from"]) == (4, 2, "replica")
+    assert [(r["reason"], r["slices"]) for r in report["resizes"]] == [("failure", [0, 3])]
+    assert report["samples"] == {"consumed": STEPS * BATCH, "duplicated": 0, "skipped": 0}
+    assert_params_close(params_of(state), baseline_params(tiny_trainer_kwargs, steps=STEPS))
+
+
+def test_pause_resume_survives_a_second_failure_during_recovery(tiny_trainer_kwargs):
+    trainer = et.Trainer(**tiny_trainer_kwargs(
+        steps=STEPS, global_batch_size=BATCH, strategy=PauseResume(timeout_s=60),
+        plugins=[chaos(lose(1, down_for_s=0.3), lose(2, down_for_s=0.3, phase="recovery"))],
+    ))
+    state, report = fit(trainer)
+    assert state is not None, report["stopped"]
+    assert trainer.cluster.incarnations() == (0, 1, 1, 0)
+    [failure] = report["failures"]
+    assert (failure["step"], failure["slices"], failure["restored_from"]) == (FAIL_AT, [1, 2], "replica")
+    assert (failure["slices_before"], failure["slices_after"]) == (4, 4)
+    assert trainer.slices == (0, 1, 2, 3)
+    assert report["steps_completed"] == STEPS
+    assert report["samples"] == {"consumed": STEPS * BATCH, "duplicated": 0, "skipped": 0}
+
+
+# ------------------------------------------------------------------ every slice lost
+
+
+def test_losing_every_slice_restores_the_host_snapshot(tiny_trainer_kwargs):
+    trainer = et.Trainer(**tiny_trainer_kwargs(
+        steps=STEPS, global_batch_size=BATCH, snapshot_period=2, strategy=PauseResume(timeout_s=60),
+        plugins=[chaos(*(lose(s, down_for_s=0.3) for s in range(4)))],
+    ))
+    state, report = fit(trainer)
+    assert state is not None, report["stopped"]
+    [failure] = report["failures"]
+    assert (failure["step"], failure["slices"], failure["restored_from"]) == (FAIL_AT, [0, 1, 2, 3], "snapshot")
+    assert failure["lost_steps"] == FAIL_AT - 2  # the last snapshot was taken after step 2
+    assert report["steps_completed"] == STEPS and int(state.step) == STEPS
+    assert report["samples"] == {"consumed": STEPS * BATCH, "duplicated": 0, "skipped": 0}
+    assert report["badput_s"]["wasted_progress"] > 0
+    assert_params_close(params_of(state), baseline_params(tiny_trainer_kwargs, steps=STEPS))
+
+
+# ------------------------------------------------------------------ no strategy
+
+
+def test_chaos_without_a_strategy_stops_and_says_how_to_select_one(tiny_trainer_kwargs):
+    trainer = et.Trainer(**tiny_trainer_kwargs(steps=STEPS, plugins=[chaos(lose(1))]))
+    with pytest.raises(et.TrainingStopped, match=r"\+strategy=NAME") as stopped:
+        trainer.fit()
+    report = stopped.value.report
+    assert report["steps_completed"] == FAIL_AT
+    [failure] = report["failures"]
+    assert (failure["step"], failure["slices"], failure["action"]) == (FAIL_AT, [1], "stop")
+
+
+# ------------------------------------------------------------------ keep_per_device
+
+
+def test_keep_per_device_shrinks_the_global_batch_without_skipping_samples(tiny_trainer_kwargs):
+    trainer = et.Trainer(**tiny_trainer_kwargs(steps=STEPS, global_batch_size=16,
+                                               strategy=ScaleDown(batch_policy="keep_per_device"),
+                                               plugins=[chaos(lose(1))]))
+    state, report = fit(trainer)
+    assert state is not None, report["stopped"]
+    assert report["steps_completed"] == STEPS
+    [failure] = report["failures"]
+    assert (failure["slices_after"], failure["restored_from"]) == (3, "replica")
+    consumed = FAIL_AT * 16 + (STEPS - FAIL_AT) * 12  # 2 devices per slice keep 2 samples each
+    assert report["samples"] == {"consumed": consumed, "duplicated": 0, "skipped": 0}
+    assert int(state.data_position) == consumed
+
+
+# ------------------------------------------------------------------ configuration errors
+
+
+def test_chaos_and_scale_down_reject_impossible_configurations(tiny_trainer_kwargs):
+    trainer = et.Trainer(**tiny_trainer_kwargs(strategy=ScaleDown(), plugins=[chaos(lose(7))]))
+    with pytest.raises(et.ConfigError, match="slice 7"):
+        trainer.fit()
+    with pytest.raises(et.ConfigError, match="lunch"):
+        Chaos(failures=[{"at_step": 1, "slice": 0, "phase": "lunch"}])
+    trainer = et.Trainer(**tiny_trainer_kwargs(strategy=ScaleDown(min_slice_count=5)))
+    with pytest.raises(et.ConfigError, match="min_slice_count"):
+        trainer.fit()
+
+
+# ------------------------------------------------------------------ random chaos
+
+
+def random_run(make, *, strategy, down_for_s, run):
+    """A run with random failures only; of steps 0 to 5, seed 9 draws a failure at step 3 only."""
+    key = ("random", strategy, down_for_s, run)
+    if key not in _cache:
+        plan = ScaleDown() if strategy == "scale_down" else PauseResume(timeout_s=60, max_retries=2)
+        trainer = et.Trainer(**make(
+            steps=STEPS, global_batch_size=BATCH, strategy=plan,
+            plugins=[Chaos(mean_steps_between_failures=2, random_down_for_s=down_for_s, seed=9)],
+        ))
+        _cache[key] = fit(trainer)
+    return _cache[key]
+
+
+@pytest.mark.parametrize(("strategy", "down_for_s"), [
+    ("scale_down", 0.0),
+    # pause_resume always draws the victim from all 4 slices, so no timing can change what is drawn
+    ("pause_resume", 0.2),
+])
+def test_random_chaos_is_deterministic(tiny_trainer_kwargs, strategy, down_for_s):
+    struck = []
+    for run in range(2):
+        _, report = random_run(tiny_trainer_kwargs, strategy=strategy, down_for_s=down_for_s, run=run)
+        struck.append([(f["step"], f["slices"]) for f in report["failures"]])
+        assert struck[-1], "random chaos injected no failure"
+    assert struck[0] == struck[1]
+    assert struck[0][0][0] == 3
+
+
+def test_random_chaos_strikes_a_step_once_even_when_it_is_retried(tiny_trainer_kwargs):
+    state, report = random_run(tiny_trainer_kwargs, strategy="pause_resume", down_for_s=0.2, run=0)
+    assert [f["step"] for f in report["failures"]] == [3]
+    assert state is not None, report["stopped"]
+    assert report["steps_completed"] == STEPS
