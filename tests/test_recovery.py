@@ -232,8 +232,9 @@ def test_pause_resume_waits_for_the_slice_then_resumes_on_all_slices(tiny_traine
     assert_params_close(params_of(state), baseline_params(tiny_trainer_kwargs, steps=STEPS))
 
 
-def test_pause_resume_stops_when_the_slice_is_not_back_in_time(tiny_trainer_kwargs):
+def test_pause_resume_stops_when_the_slice_is_not_back_in_time(tiny_trainer_kwargs, tmp_path):
     trainer = et.Trainer(**tiny_trainer_kwargs(steps=STEPS, global_batch_size=BATCH,
+                                               checkpointer=et.Checkpointer(tmp_path, period=2),
                                                strategy=PauseResume(timeout_s=0.2), plugins=[chaos(lose(1))]))
     with pytest.raises(et.TrainingStopped, match=r"fewer than the 4 the strategy needs") as stopped:
         trainer.fit()
@@ -244,6 +245,12 @@ def test_pause_resume_stops_when_the_slice_is_not_back_in_time(tiny_trainer_kwar
     assert (failure["step"], failure["action"], failure["restored_from"]) == (FAIL_AT, "pause_resume", "none")
     assert failure["waiting_s"] >= 0.2
     assert report["samples"] == {"consumed": FAIL_AT * BATCH, "duplicated": 0, "skipped": 0}
+    # the last checkpoint before the failure is intact: a new run resumes from it
+    resumed = et.Trainer(**tiny_trainer_kwargs(steps=FAIL_AT, global_batch_size=BATCH, resume=True,
+                                               checkpointer=et.Checkpointer(tmp_path, period=2)))
+    assert resumed.checkpointer.latest_step() == FAIL_AT - FAIL_AT % 2
+    state, _ = resumed.fit()
+    assert int(state.step) == FAIL_AT
 
 
 # ------------------------------------------------------------------ a second failure while recovering
