@@ -51,6 +51,20 @@ class Checkpointer:
             force=True,
         )
 
+    def discard(self, step: int) -> None:
+        """Make sure the save of ``step`` never becomes restorable: let it end, then delete it.
+
+        Orbax commits a step only when its save finished, but a save that
+        finished while a slice was lost may hold bad data, so it goes too.
+        Later saves are unaffected.
+        """
+        try:
+            self.manager.wait_until_finished()
+        except Exception:  # noqa: BLE001 - a failed save committed nothing; the failure is handled by the caller
+            pass
+        if step in self.manager.all_steps():
+            self.manager.delete(step)
+
     def latest_step(self) -> int | None:
         """The newest step that Orbax committed, or ``None``."""
         return self.manager.latest_step()

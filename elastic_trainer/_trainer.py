@@ -182,22 +182,23 @@ class Trainer:
             self._snapshot: tuple[int, PyTree] | None = None
             self._abstract = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), arrays)
             self._step_seconds: dict[int, float] = {}
+        self._incarnations = self.cluster.incarnations()  # as of the last good state
+        self._state_is_whole = True  # False while the arrays hold no trained state (a failed resume)
         layout = self._layout(tuple(range(len(self.cluster.slice_devices()))), plan=None)
         with clock.measure("startup"):
             arrays = jax.device_put(arrays, layout.shardings)
             self._compile_likely_layouts(layout)
-        if self.resume:
-            with clock.measure("checkpoint_restore"):
-                arrays = self._restore_checkpoint(arrays, layout)
-        step = start_step = int(arrays.step)
-        position = start_position = int(arrays.data_position)
-        self.ledger = SampleLedger(self.data.num_samples, seed=self.seed, start_position=start_position)
+        step = position = 0
+        self.ledger = SampleLedger(self.data.num_samples, seed=self.seed, start_position=0)
         self._pending_recovery: dict[str, Any] | None = None
-        self._incarnations = self.cluster.incarnations()  # as of the last good state
         self._losses: dict[int, jax.Array] = {}
         self._first_step_ended_at: float | None = None
         stopped: TrainingStopped | None = None
         try:
+            if self.resume:
+                arrays, layout = self._resume(arrays, layout)
+            step, position = int(arrays.step), int(arrays.data_position)
+            self.ledger = SampleLedger(self.data.num_samples, seed=self.seed, start_position=position)
             while step < self.steps:
                 self.hook.et_step_start(trainer=self, step=step)
                 began = time.time()
@@ -206,10 +207,8 @@ class Trainer:
                         ids = self._sample_ids(position, layout.batch_size)
                         new_arrays, metrics = self._run_step(layout, arrays, ids)
                 except Exception as error:
-                    arrays, layout = self._recover(error, step=step, arrays=arrays, layout=layout)
-                    self._incarnations = self.cluster.incarnations()  # the state is whole again
+                    arrays, layout = self._survive(error, step=step, phase="train_step", arrays=arrays, layout=layout)
                     step, position = int(arrays.step), int(arrays.data_position)
-                    self._roll_back(step)
                     continue
                 with clock.measure("productive"):
                     arrays = new_arrays
@@ -224,8 +223,15 @@ class Trainer:
                     self._take_snapshot(step, arrays)
                 self._step_seconds[step - 1] = time.time() - began
                 if self.checkpointer and (self.checkpointer.due(step) or step == self.steps):
-                    with clock.measure("checkpoint_save"):
-                        self._save(step, arrays, position)
+                    try:
+                        with clock.measure("checkpoint_save"):
+                            self._save(step, arrays, position)
+                    except Exception as error:
+                        arrays, layout = self._survive(
+                            error, step=step, phase="checkpoint_save", arrays=arrays, layout=layout
+                        )
+                        step, position = int(arrays.step), int(arrays.data_position)
+                        continue
                 if step < self.steps:
                     arrays, layout = self._maybe_resize(step, arrays, layout)
                     self._incarnations = self.cluster.incarnations()
@@ -317,12 +323,31 @@ class Trainer:
 
     # ------------------------------------------------------------------ failures
 
-    def _recover(self, error: Exception, *, step: int, arrays: PyTree, layout: _Layout) -> tuple[PyTree, _Layout]:
+    def _survive(
+        self, error: Exception, *, step: int, phase: str, arrays: PyTree, layout: _Layout
+    ) -> tuple[PyTree, _Layout]:
+        """Recover from ``error``; a failure while recovering starts the recovery over."""
+        while True:
+            try:
+                arrays, layout = self._recover(error, step=step, phase=phase, arrays=arrays, layout=layout)
+                break
+            except TrainingStopped:
+                raise
+            except Exception as again:  # noqa: BLE001 - classified like any other failure
+                error, phase = again, "recovery"
+        self._incarnations = self.cluster.incarnations()  # the state is whole again
+        self._state_is_whole = True
+        self._roll_back(int(arrays.step))
+        return arrays, layout
+
+    def _recover(
+        self, error: Exception, *, step: int, phase: str, arrays: PyTree, layout: _Layout
+    ) -> tuple[PyTree, _Layout]:
         """Classify the failure, let the strategy plan, and carry the plan out."""
         failed_at = time.time()
         clock = self._clock
         with clock.measure("detection"):
-            failure: Failure = self.hook.et_classify_failure(error=error, step=step, phase="train_step")
+            failure: Failure = self.hook.et_classify_failure(error=error, step=step, phase=phase)
             lost = self._lost_slices(layout, failure.slices)
             failure = dataclasses.replace(failure, slices=lost)
         record = {
@@ -360,7 +385,7 @@ class Trainer:
         arrays = self.cluster.surviving(arrays, lost)  # what lived on lost slices is gone
         record["slices"] = list(lost)
 
-        survivors = [s for s in layout.slices if s not in lost]
+        survivors = [s for s in layout.slices if s not in lost] if self._state_is_whole else []
         begin = time.time()
         try:
             new_layout = self._layout(tuple(healthy), plan=plan)
@@ -430,6 +455,7 @@ class Trainer:
         else:
             raise TrainingStopped("every slice was lost and there is no snapshot or checkpoint to restore from.")
         category = "remesh" if source == "replica" else "checkpoint_restore"
+        since = self.cluster.incarnations()  # the restore must not outlive a slice it writes to
         self.hook.et_before_restore(trainer=self, step=restored_step, source=source)
         with self._clock.measure(category):
             if source == "replica":
@@ -444,6 +470,7 @@ class Trainer:
                 )
                 arrays, _ = self.checkpointer.restore(restored_step, like=target)
             jax.block_until_ready(arrays)
+            self.cluster.check_step(new.slices, since=since)
         self.hook.et_after_restore(
             trainer=self, step=restored_step, source=source, state=eqx.combine(arrays, self._static)
         )
@@ -486,8 +513,14 @@ class Trainer:
     # ------------------------------------------------------------------ checkpoints
 
     def _save(self, step: int, arrays: PyTree, position: int) -> None:
+        """Save ``step``; if a slice is lost meanwhile, the save is discarded and the failure raised."""
         self.hook.et_before_checkpoint_save(trainer=self, step=step)
         self.checkpointer.save(step, arrays, self._checkpoint_metadata(step, position))
+        try:
+            self.cluster.check_step(self.slices, since=self._incarnations)
+        except Exception:
+            self.checkpointer.discard(step)
+            raise
         self.hook.et_after_checkpoint_save(trainer=self, step=step, directory=str(self.checkpointer.directory))
 
     def _checkpoint_metadata(self, step: int, position: int) -> dict[str, Any]:
@@ -502,6 +535,18 @@ class Trainer:
             "within_slice": self.within_slice,
         }
 
+    def _resume(self, arrays: PyTree, layout: _Layout) -> tuple[PyTree, _Layout]:
+        """Restore the latest checkpoint; a slice lost meanwhile is recovered from like any failure."""
+        try:
+            with self._clock.measure("checkpoint_restore"):
+                return self._restore_checkpoint(arrays, layout), layout
+        except (ConfigError, TrainingStopped):
+            raise
+        except Exception as error:  # noqa: BLE001 - classified by _survive
+            self._state_is_whole = False  # the arrays hold no trained state yet: nothing to copy from
+            step = self.checkpointer.latest_step()
+            return self._survive(error, step=step, phase="checkpoint_restore", arrays=arrays, layout=layout)
+
     def _restore_checkpoint(self, arrays: PyTree, layout: _Layout) -> PyTree:
         step = self.checkpointer.latest_step()
         if step is None:
@@ -511,6 +556,7 @@ class Trainer:
             )
         self.hook.et_before_restore(trainer=self, step=step, source="checkpoint")
         arrays, _ = self.checkpointer.restore(step, like=arrays)
+        self.cluster.check_step(layout.slices, since=self._incarnations)
         self.hook.et_after_restore(trainer=self, step=step, source="checkpoint", state=eqx.combine(arrays, self._static))
         return arrays
 

@@ -11,8 +11,9 @@ import numpy as np
 import elastic_trainer as et
 
 FIRED_FILE = "chaos_fired.json"
-PHASES = ("train_step", "recovery")
-"""When a scheduled failure strikes: during the train step ``at_step``, or
+PHASES = ("train_step", "checkpoint_save", "checkpoint_restore", "recovery")
+"""When a scheduled failure strikes: during the train step ``at_step``, the
+save of step ``at_step``, a restore of the checkpoint of step ``at_step``, or
 while recovering from the failure at step ``at_step`` (a second failure)."""
 
 
@@ -97,6 +98,17 @@ class Chaos:
                 self._random_steps.add(step)
                 self._remember(trainer)
                 trainer.cluster.fail_slice(int(rng.choice(trainer.slices)), down_for_s=self.random_down_for_s)
+
+    @et.hookimpl
+    def et_before_checkpoint_save(self, trainer: et.Trainer, step: int) -> None:
+        """Lose the slices scheduled to fail while step ``step`` is saved."""
+        self._strike(trainer, step, "checkpoint_save")
+
+    @et.hookimpl
+    def et_before_restore(self, trainer: et.Trainer, step: int, source: str) -> None:
+        """Lose the slices scheduled to fail while the checkpoint of step ``step`` is restored."""
+        if source == "checkpoint":
+            self._strike(trainer, step, "checkpoint_restore")
 
     @et.hookimpl(tryfirst=True)
     def et_choose_recovery(self, trainer: et.Trainer, failure: et.Failure) -> None:
