@@ -13,6 +13,7 @@ from ._failures import (
     PluginError as PluginError,
     RecoveryPlan as RecoveryPlan,
     RestartRequested as RestartRequested,
+    RetryBudget as RetryBudget,
     SliceLostError as SliceLostError,
     TrainingStopped as TrainingStopped,
 )

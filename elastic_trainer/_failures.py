@@ -66,6 +66,28 @@ class RecoveryPlan:
     restart_process: bool = False
 
 
+class RetryBudget:
+    """How many recoveries a strategy may make before it gives up (MaxText's ``elastic_max_retries``).
+
+    :param strategy: the strategy's name, for the message.
+    :param max_retries: recoveries allowed.
+    """
+
+    def __init__(self, strategy: str, max_retries: int):
+        check_at_least("strategy.max_retries", max_retries, 0)
+        self.strategy = strategy
+        self.max_retries = max_retries
+        self.used = 0
+
+    def spend(self) -> None:
+        """Count one recovery; raise :class:`TrainingStopped` when the budget is spent."""
+        self.used += 1
+        if self.used > self.max_retries:
+            raise TrainingStopped(
+                f"{self.strategy} gave up after {self.max_retries} recoveries (strategy.max_retries)."
+            )
+
+
 class ConfigError(ValueError):
     """A configuration value is invalid; the message says which and how to fix it."""
 

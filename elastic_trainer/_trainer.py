@@ -245,8 +245,7 @@ class Trainer:
         clock.stop()
         self._steps.close()
 
-        self._position = position
-        report = self._report(steps_completed=step, samples=self.ledger.counts(position))
+        report = self._report(steps_completed=step, position=position)
         report["stopped"] = None if stopped is None else str(stopped)
         self.hook.et_run_end(trainer=self, report=report)
         if stopped is not None:
@@ -562,7 +561,7 @@ class Trainer:
 
     # ------------------------------------------------------------------ report
 
-    def _report(self, *, steps_completed: int, samples: dict[str, int]) -> dict:
+    def _report(self, *, steps_completed: int, position: int) -> dict:
         ordered = [float(loss) for _, loss in sorted(jax.device_get(self._losses).items())]
         return {
             "strategy": None if self.strategy is None else strategy_name(self.strategy),
@@ -575,8 +574,8 @@ class Trainer:
             "failures": self.failures,
             "resizes": self.resizes,
             "compile_cache": {"compiled_ahead": self._steps.compiled_ahead, "saved_s": self._steps.saved_s},
-            "samples": samples,
-            "data_position": self._position,
+            "samples": self.ledger.counts(position),
+            "data_position": position,
             "started_at": self._clock.started_at,
             "ended_at": self._clock.ended_at,
             "first_step_ended_at": self._first_step_ended_at,

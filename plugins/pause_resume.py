@@ -18,18 +18,13 @@ class PauseResume:
     def __init__(self, timeout_s: float = 300.0, max_retries: int = 10):
         if timeout_s < 0:
             raise et.ConfigError(f"strategy.timeout_s must be at least 0, got {timeout_s}.")
-        if max_retries < 0:
-            raise et.ConfigError(f"strategy.max_retries must be at least 0, got {max_retries}.")
         self.timeout_s = timeout_s
-        self.max_retries = max_retries
-        self.recoveries = 0
+        self.retries = et.RetryBudget(self.name, max_retries)
 
     @et.hookimpl
     def et_choose_recovery(self, trainer: et.Trainer, failure: et.Failure) -> et.RecoveryPlan:
         """Wait up to ``timeout_s`` for every slice, and need all of them back."""
-        self.recoveries += 1
-        if self.recoveries > self.max_retries:
-            raise et.TrainingStopped(f"pause_resume gave up after {self.max_retries} recoveries (strategy.max_retries).")
+        self.retries.spend()
         return et.RecoveryPlan(
             action="pause_resume",
             wait_for_all_s=self.timeout_s,

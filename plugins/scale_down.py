@@ -38,14 +38,11 @@ class ScaleDown:
             raise et.ConfigError(f"strategy.batch_policy must be one of {BATCH_POLICIES}, got {batch_policy!r}.")
         if lr_scaling not in LR_SCALINGS:
             raise et.ConfigError(f"strategy.lr_scaling must be one of {LR_SCALINGS}, got {lr_scaling!r}.")
-        if max_retries < 0:
-            raise et.ConfigError(f"strategy.max_retries must be at least 0, got {max_retries}.")
         self.min_slice_count = min_slice_count
         self.scale_up = scale_up
         self.batch_policy = batch_policy
         self.lr_scaling = lr_scaling
-        self.max_retries = max_retries
-        self.recoveries = 0
+        self.retries = et.RetryBudget(self.name, max_retries)
 
     @et.hookimpl
     def et_run_start(self, trainer: et.Trainer) -> None:
@@ -59,9 +56,7 @@ class ScaleDown:
     @et.hookimpl
     def et_choose_recovery(self, failure: et.Failure) -> et.RecoveryPlan:
         """Continue now on whatever is healthy, if that is at least ``min_slice_count`` slices."""
-        self.recoveries += 1
-        if self.recoveries > self.max_retries:
-            raise et.TrainingStopped(f"scale_down gave up after {self.max_retries} recoveries (strategy.max_retries).")
+        self.retries.spend()
         return et.RecoveryPlan(
             action="scale_down",
             min_slices=self.min_slice_count,

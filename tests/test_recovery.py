@@ -385,3 +385,14 @@ def test_random_chaos_strikes_a_step_once_even_when_it_is_retried(tiny_trainer_k
     assert [f["step"] for f in report["failures"]] == [3]
     assert state is not None, report["stopped"]
     assert report["steps_completed"] == STEPS
+
+
+def test_a_strategy_gives_up_past_max_retries(tiny_trainer_kwargs):
+    trainer = et.Trainer(**tiny_trainer_kwargs(
+        steps=STEPS, global_batch_size=BATCH, strategy=PauseResume(timeout_s=30, max_retries=1),
+        plugins=[chaos(lose(1, at_step=2, down_for_s=0.1), lose(2, at_step=4, down_for_s=0.1))],
+    ))
+    with pytest.raises(et.TrainingStopped, match=r"pause_resume gave up after 1 recoveries") as stopped:
+        trainer.fit()
+    assert [f["step"] for f in stopped.value.report["failures"]] == [2, 4]
+    assert stopped.value.report["steps_completed"] == 4
