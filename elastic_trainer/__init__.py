@@ -8,6 +8,7 @@ from ._checkpoint import Checkpointer as Checkpointer
 from ._cluster import AbstractCluster as AbstractCluster, SimulatedCluster as SimulatedCluster
 from ._data import AbstractDataset as AbstractDataset, StdlibText as StdlibText, sample_ids as sample_ids
 from ._failures import (
+    CheckpointWarning as CheckpointWarning,
     ConfigError as ConfigError,
     Failure as Failure,
     PluginError as PluginError,

@@ -65,6 +65,10 @@ class Checkpointer:
         if step in self.manager.all_steps():
             self.manager.delete(step)
 
+    def steps_newest_first(self) -> list[int]:
+        """Every committed step, newest first."""
+        return sorted(self.manager.all_steps(), reverse=True)
+
     def latest_step(self) -> int | None:
         """The newest step that Orbax committed, or ``None``."""
         return self.manager.latest_step()

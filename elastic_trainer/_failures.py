@@ -98,6 +98,10 @@ def check_at_least(name: str, value: int | float, minimum: int | float) -> None:
         raise ConfigError(f"{name} must be at least {minimum}, got {value}.")
 
 
+class CheckpointWarning(UserWarning):
+    """A checkpoint was skipped (unreadable); an older one is used instead."""
+
+
 class PluginError(RuntimeError):
     """A plugin failed to load or broke its hook's contract; the message names it."""
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
+import warnings
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -22,6 +23,7 @@ from ._checkpoint import Checkpointer
 from ._cluster import AbstractCluster, SimulatedCluster
 from ._data import AbstractDataset, sample_ids
 from ._failures import (
+    CheckpointWarning,
     ConfigError,
     Failure,
     PluginError,
@@ -546,18 +548,29 @@ class Trainer:
             step = self.checkpointer.latest_step()
             return self._survive(error, step=step, phase="checkpoint_restore", arrays=arrays, layout=layout)
 
-    def _restore_checkpoint(self, arrays: PyTree, layout: _Layout) -> PyTree:
-        step = self.checkpointer.latest_step()
-        if step is None:
-            raise ConfigError(
-                f"checkpoint.resume is set but {self.checkpointer.directory} holds no complete checkpoint; "
-                "point checkpoint.dir at a run's checkpoints, or drop checkpoint.resume to start afresh."
+    def _restore_checkpoint(self, like: PyTree, layout: _Layout) -> PyTree:
+        """Restore the newest readable checkpoint; an unreadable one is skipped with a warning."""
+        for step in self.checkpointer.steps_newest_first():
+            self.hook.et_before_restore(trainer=self, step=step, source="checkpoint")
+            try:
+                arrays, _ = self.checkpointer.restore(step, like=like)
+            except Exception as error:  # noqa: BLE001 - a truncated or corrupt checkpoint: try the one before
+                warnings.warn(
+                    f"the checkpoint of step {step} in {self.checkpointer.directory} is unreadable "
+                    f"({type(error).__name__}); skipping it for the one before.",
+                    CheckpointWarning,
+                    stacklevel=2,
+                )
+                continue
+            self.cluster.check_step(layout.slices, since=self._incarnations)
+            self.hook.et_after_restore(
+                trainer=self, step=step, source="checkpoint", state=eqx.combine(arrays, self._static)
             )
-        self.hook.et_before_restore(trainer=self, step=step, source="checkpoint")
-        arrays, _ = self.checkpointer.restore(step, like=arrays)
-        self.cluster.check_step(layout.slices, since=self._incarnations)
-        self.hook.et_after_restore(trainer=self, step=step, source="checkpoint", state=eqx.combine(arrays, self._static))
-        return arrays
+            return arrays
+        raise ConfigError(
+            f"checkpoint.resume is set but {self.checkpointer.directory} holds no complete, readable checkpoint; "
+            "point checkpoint.dir at a run's checkpoints, or drop checkpoint.resume to start afresh."
+        )
 
     # ------------------------------------------------------------------ report
 
