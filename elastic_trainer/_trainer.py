@@ -181,7 +181,8 @@ class Trainer:
             self._step_fn = make_step_fn(self.loss_fn, self.optimizer, self._static)
             sample = np.asarray(self.data.get_batch(np.zeros(1, dtype=np.int64)))
             self._steps = StepCache(self._step_fn, arrays, sample, within_slice=self.within_slice)
-            self._snapshot: tuple[int, PyTree] | None = None
+            self._snapshot: tuple[int, PyTree] | None = None  # (step, host arrays)
+            self._snapshot_in_flight: tuple[int, PyTree] | None = None  # (step, device arrays being copied)
             self._abstract = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), arrays)
             self._step_seconds: dict[int, float] = {}
         self._incarnations = self.cluster.incarnations()  # as of the last good state
@@ -485,9 +486,18 @@ class Trainer:
         self._clock.reclassify_productive(sum(self._step_seconds.pop(s) for s in rolled_back))
 
     def _take_snapshot(self, step: int, arrays: PyTree) -> None:
-        """Every ``snapshot_period`` steps, keep a host copy of the state."""
+        """Every ``snapshot_period`` steps, copy the state to host memory without waiting for it.
+
+        The copy starts at the snapshot step and runs during the next step;
+        only then does the snapshot count (a copy still in flight is not used).
+        """
+        if self._snapshot_in_flight is not None:
+            in_flight_step, in_flight = self._snapshot_in_flight
+            self._snapshot, self._snapshot_in_flight = (in_flight_step, jax.device_get(in_flight)), None
         if self.snapshot_period and step % self.snapshot_period == 0:
-            self._snapshot = (step, jax.device_get(arrays))
+            for leaf in jax.tree.leaves(arrays):
+                leaf.copy_to_host_async()
+            self._snapshot_in_flight = (step, arrays)
 
     def _maybe_resize(self, step: int, arrays: PyTree, layout: _Layout) -> tuple[PyTree, _Layout]:
         """Ask plugins whether to change slices at this step boundary; move the state if so."""
