@@ -237,7 +237,6 @@ class Trainer:
                         continue
                 if step < self.steps:
                     arrays, layout = self._maybe_resize(step, arrays, layout)
-                    self._incarnations = self.cluster.incarnations()
         except TrainingStopped as stop:
             stopped = stop
             if isinstance(stop, RestartRequested):  # the state goes back to the last checkpoint
