@@ -400,7 +400,8 @@ class Trainer:
             restore_s=time.time() - begin, restored_from=source, lost_steps=step - restored_step,
             slices_after=len(new_layout.slices),
         )
-        self._record_resize(step, layout, new_layout, reason="failure")
+        seconds = record["remesh_s"] + record["compile_s"] + record["restore_s"]
+        self._record_resize(step, layout, new_layout, reason="failure", seconds=seconds)
         self._pending_recovery = {"record": record, "failed_at": failed_at}
         return arrays, new_layout
 
@@ -513,7 +514,7 @@ class Trainer:
         self._record_resize(step, layout, new_layout, reason="scale_up", seconds=time.time() - begin)
         return arrays, new_layout
 
-    def _record_resize(self, step: int, old: _Layout, new: _Layout, *, reason: str, seconds: float = 0.0) -> None:
+    def _record_resize(self, step: int, old: _Layout, new: _Layout, *, reason: str, seconds: float) -> None:
         if old.slices != new.slices:
             self.resizes.append(
                 {"step": step, "reason": reason, "slices_before": len(old.slices), "slices_after": len(new.slices),
