@@ -37,6 +37,7 @@ class Checkpointer:
             options=ocp.CheckpointManagerOptions(
                 save_interval_steps=period, max_to_keep=max_to_keep, enable_async_checkpointing=async_save, create=True
             ),
+            item_handlers={"state": _state_handler(), "metadata": ocp.JsonCheckpointHandler()},
         )
 
     def due(self, step: int) -> bool:
@@ -47,7 +48,7 @@ class Checkpointer:
         """Start saving ``arrays`` and ``metadata`` as step ``step``."""
         self.manager.save(
             step,
-            args=ocp.args.Composite(state=ocp.args.StandardSave(arrays), metadata=ocp.args.JsonSave(metadata)),
+            args=ocp.args.Composite(state=ocp.args.PyTreeSave(arrays), metadata=ocp.args.JsonSave(metadata)),
             force=True,
         )
 
@@ -76,9 +77,8 @@ class Checkpointer:
     def restore(self, step: int, like: PyTree) -> tuple[PyTree, dict[str, Any]]:
         """Load step ``step`` into arrays shaped and sharded like ``like``; returns them and the metadata."""
         abstract = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=a.sharding), like)
-        restored = self.manager.restore(
-            step, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract), metadata=ocp.args.JsonRestore())
-        )
+        state = ocp.args.PyTreeRestore(abstract, restore_args=ocp.checkpoint_utils.construct_restore_args(abstract))
+        restored = self.manager.restore(step, args=ocp.args.Composite(state=state, metadata=ocp.args.JsonRestore()))
         return restored.state, restored.metadata
 
     def wait(self) -> None:
@@ -88,3 +88,19 @@ class Checkpointer:
     def close(self) -> None:
         """Finish pending saves and release Orbax's resources."""
         self.manager.close()
+
+
+def _state_handler() -> ocp.PyTreeCheckpointHandler:
+    """Orbax's pytree handler, with each array written by one replica only.
+
+    Orbax's default (replica-parallel saving) cuts every replicated array
+    into one slice per replica with eager ``lax.slice`` calls; each new slice
+    shape compiles on first use, so the first save of a run blocked the step
+    loop for seconds (1.4 s against 0.09 s for a 94-array state on 8 CPU
+    devices). The registry is our own, so Orbax's global one is untouched.
+    The files are the same format: plain Orbax restores them.
+    """
+    registry = ocp.type_handlers.create_type_handler_registry(
+        (jax.Array, ocp.type_handlers.ArrayHandler(use_replica_parallel=False))
+    )
+    return ocp.PyTreeCheckpointHandler(type_handler_registry=registry)
