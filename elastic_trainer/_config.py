@@ -13,8 +13,9 @@ from hydra.utils import instantiate
 from omegaconf import MISSING, DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from ._checkpoint import Checkpointer
+from ._checkpoint import Checkpointer, check_period
 from ._failures import ConfigError, check_at_least
+from ._period import check_mtbf
 from ._trainer import Trainer
 
 
@@ -42,14 +43,16 @@ class CheckpointConfig:
     """``checkpoint``: Orbax checkpoints of the train state."""
 
     enabled: bool = True
-    period: int = 100
+    period: Any = 100  # steps, or "auto"; OmegaConf has no int-or-string type
+    mtbf_s: float | None = None
     max_to_keep: int = 3
     dir: str | None = None
     resume: bool = False
     async_save: bool = True
 
     def __post_init__(self):
-        check_at_least("checkpoint.period", self.period, 1)
+        check_period(self.period)
+        check_mtbf(self.mtbf_s)
         check_at_least("checkpoint.max_to_keep", self.max_to_keep, 1)
         if self.resume and not self.enabled:
             raise ConfigError("checkpoint.resume needs checkpoint.enabled=true.")
@@ -278,7 +281,9 @@ def _checkpointer(cfg: DictConfig, run_dir: str | Path | None) -> Checkpointer |
     directory = cfg.dir or (run_dir and Path(run_dir) / "checkpoints")
     if not cfg.enabled or not directory:
         return None
-    return Checkpointer(directory, period=cfg.period, max_to_keep=cfg.max_to_keep, async_save=cfg.async_save)
+    return Checkpointer(
+        directory, period=cfg.period, max_to_keep=cfg.max_to_keep, async_save=cfg.async_save, mtbf_s=cfg.mtbf_s
+    )
 
 
 def _instantiate(cfg: DictConfig, section: str, **kwargs: Any) -> Any:

@@ -32,6 +32,9 @@ def summary_table(report: dict[str, Any]) -> Table:
             f"{failure['slices_before']} -> {failure['slices_after']} slices, from {failure['restored_from']}, "
             f"{failure['lost_steps']} steps lost, recovered in {failure['recovery_s']:.1f} s",
         )
+    auto_period = (report.get("checkpoint") or {}).get("auto")
+    if auto_period:
+        table.add_row("checkpoint period", f"every {auto_period['period_steps']} steps: {auto_period['why']}")
     samples = report["samples"]
     table.add_row("samples", f"{samples['consumed']} consumed, {samples['duplicated']} duplicated, "
                              f"{samples['skipped']} skipped")

@@ -525,6 +525,7 @@ class Trainer:
 
     def _save(self, step: int, arrays: PyTree, position: int) -> None:
         """Save ``step``; if a slice is lost meanwhile, the save is discarded and the failure raised."""
+        began = time.time()
         self.hook.et_before_checkpoint_save(trainer=self, step=step)
         self.checkpointer.save(step, arrays, self._checkpoint_metadata(step, position))
         try:
@@ -532,6 +533,13 @@ class Trainer:
         except Exception:
             self.checkpointer.discard(step)
             raise
+        self.checkpointer.saved(
+            step,
+            blocked_s=time.time() - began,
+            step_times_s=list(self._step_seconds.values()),
+            elapsed_s=time.time() - self._clock.started_at,
+            failures=len(self.failures),
+        )
         self.hook.et_after_checkpoint_save(trainer=self, step=step, directory=str(self.checkpointer.directory))
 
     def _checkpoint_metadata(self, step: int, position: int) -> dict[str, Any]:
@@ -597,6 +605,7 @@ class Trainer:
             "failures": self.failures,
             "resizes": self.resizes,
             "compile_cache": {"compiled_ahead": self._steps.compiled_ahead, "saved_s": self._steps.saved_s},
+            "checkpoint": None if self.checkpointer is None else self.checkpointer.describe(),
             "samples": self.ledger.counts(position),
             "data_position": position,
             "started_at": self._clock.started_at,

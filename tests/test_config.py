@@ -65,6 +65,9 @@ def test_build_trainer_builds_the_default_workload():
         ("optimizer.b2=-0.1", "optimizer.b2 must be in [0, 1), got -0.1."),
         ("optimizer.weight_decay=-1", "optimizer.weight_decay must be at least 0, got -1.0."),
         ("optimizer.learning_rate.peak_value=-3", "optimizer.learning_rate.peak_value must be at least 0, got -3.0."),
+        ("checkpoint.period=0", "checkpoint.period must be at least 1, got 0."),
+        ("checkpoint.period=often", "checkpoint.period must be a whole number of steps or 'auto', got 'often'."),
+        ("checkpoint.mtbf_s=0", "checkpoint.mtbf_s must be a positive number of seconds or null, got 0.0."),
         ("trainer.steps=5", "optimizer.learning_rate.decay_steps (5, trainer.steps by default) must exceed"),
     ],
 )
