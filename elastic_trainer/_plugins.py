@@ -21,6 +21,7 @@ DEFAULT_PLUGINS = (
     "elastic_trainer_plugins.mesh",
     "elastic_trainer_plugins.progress:ProgressPlugin",
     "elastic_trainer_plugins.report",
+    "elastic_trainer_plugins.events:EventLog",
 )
 """Built-in plugins, registered like third-party ones under these names:
 ``module`` registers the module, ``module:Class`` an instance of the class."""

@@ -13,6 +13,8 @@ from rich.console import Console
 
 from ._report import merge_worker_reports, summary_table
 
+EVENTS = "events.jsonl"
+
 RESTART_EXIT_CODE = 75
 """A worker's exit status when its strategy asks for a fresh process (EX_TEMPFAIL)."""
 
@@ -31,7 +33,8 @@ def supervise(*, overrides: list[str], run_dir: Path, max_restarts: int, started
     Each restarted worker is a new interpreter that starts JAX, compiles and
     restores the last complete checkpoint (``checkpoint.resume=true``), so a
     restart costs what it costs. The workers' reports are kept as
-    ``report.worker<N>.json`` and merged into one ``report.json``. Returns the
+    ``report.worker<N>.json`` (and ``events.worker<N>.jsonl``) and merged into
+    one ``report.json`` (and ``events.jsonl``). Returns the
     exit status for the command line.
     """
     kept = [o for o in overrides if not o.startswith(("hydra.run.dir=", "checkpoint.resume="))]
@@ -40,7 +43,7 @@ def supervise(*, overrides: list[str], run_dir: Path, max_restarts: int, started
         attempt = len(reports)
         command = [sys.executable, "-m", "elastic_trainer", *kept, f"hydra.run.dir={run_dir}", *resume]
         status = subprocess.run(command, env={**os.environ, WORKER_ENV: str(attempt)}).returncode
-        report_file, samples_file = run_dir / "report.json", run_dir / "samples.npz"
+        report_file, samples_file, events_file = (run_dir / name for name in ("report.json", "samples.npz", EVENTS))
         if not report_file.exists():
             return status  # the worker failed before training (bad input): it said why
         reports.append(json.loads(report_file.read_text()))
@@ -48,6 +51,7 @@ def supervise(*, overrides: list[str], run_dir: Path, max_restarts: int, started
         with np.load(samples_file) as samples:
             ledgers.append(dict(samples))
         samples_file.rename(run_dir / f"samples.worker{attempt}.npz")
+        events_file.rename(run_dir / f"events.worker{attempt}.jsonl")
         if status != RESTART_EXIT_CODE:
             break
         if attempt >= max_restarts:
@@ -58,6 +62,15 @@ def supervise(*, overrides: list[str], run_dir: Path, max_restarts: int, started
         resume = ["checkpoint.resume=true"]
     report = merge_worker_reports(reports, ledgers, started_at=started_at)
     report_file.write_text(json.dumps(report, indent=2) + "\n")
+    _merge_worker_events(run_dir, workers=len(reports))
     Console().print(summary_table(report))
     print(f"report: {report_file}")
     return status
+
+
+def _merge_worker_events(run_dir: Path, *, workers: int) -> None:
+    """One ``events.jsonl`` for the run: every worker's events in order, each marked with its ``worker``."""
+    with open(run_dir / EVENTS, "w") as merged:
+        for worker in range(workers):
+            for line in (run_dir / f"events.worker{worker}.jsonl").read_text().splitlines():
+                merged.write(json.dumps({**json.loads(line), "worker": worker}) + "\n")

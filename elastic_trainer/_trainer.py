@@ -196,6 +196,7 @@ class Trainer:
         self._pending_recovery: dict[str, Any] | None = None
         self._losses: dict[int, jax.Array] = {}
         self._first_step_ended_at: float | None = None
+        self._resumed_from: int | None = None  # the checkpoint step a resumed run continued from
         stopped: TrainingStopped | None = None
         try:
             if self.resume:
@@ -355,7 +356,7 @@ class Trainer:
             "step": step, "phase": failure.phase, "slice": lost[0] if lost else None, "slices": list(lost),
             "kind": failure.kind, "action": "stop", "slices_before": len(layout.slices),
             "slices_after": len(layout.slices), "restored_from": "none", "lost_steps": 0, "recovery_s": 0.0,
-            "detection_s": time.time() - failed_at,
+            "failed_at": failed_at, "detection_s": time.time() - failed_at,
         }
         self.failures.append(record)
         if not failure.elastic:
@@ -369,7 +370,6 @@ class Trainer:
         if not isinstance(plan, RecoveryPlan):
             raise PluginError(f"et_choose_recovery returned {plan!r}; a strategy must return an et.RecoveryPlan.")
         record["action"] = plan.action
-        record["failed_at"] = failed_at
         if plan.restart_process:
             self._restart(record, step=step, error=error)
 
@@ -517,8 +517,8 @@ class Trainer:
     def _record_resize(self, step: int, old: _Layout, new: _Layout, *, reason: str, seconds: float) -> None:
         if old.slices != new.slices:
             self.resizes.append(
-                {"step": step, "reason": reason, "slices_before": len(old.slices), "slices_after": len(new.slices),
-                 "slices": list(new.slices), "seconds": seconds, **self._last_compile}
+                {"step": step, "at": time.time(), "reason": reason, "slices_before": len(old.slices),
+                 "slices_after": len(new.slices), "slices": list(new.slices), "seconds": seconds, **self._last_compile}
             )
 
     # ------------------------------------------------------------------ checkpoints
@@ -558,7 +558,9 @@ class Trainer:
         """Restore the latest checkpoint; a slice lost meanwhile is recovered from like any failure."""
         try:
             with self._clock.measure("checkpoint_restore"):
-                return self._restore_checkpoint(arrays, layout), layout
+                arrays = self._restore_checkpoint(arrays, layout)
+            self._resumed_from = int(arrays.step)
+            return arrays, layout
         except (ConfigError, TrainingStopped):
             raise
         except Exception as error:  # noqa: BLE001 - classified by _survive
@@ -606,6 +608,7 @@ class Trainer:
             "resizes": self.resizes,
             "compile_cache": {"compiled_ahead": self._steps.compiled_ahead, "saved_s": self._steps.saved_s},
             "checkpoint": None if self.checkpointer is None else self.checkpointer.describe(),
+            "resumed_from": self._resumed_from,
             "samples": self.ledger.counts(position),
             "data_position": position,
             "started_at": self._clock.started_at,

@@ -1,7 +1,15 @@
 """Strategies from the command line, as a user runs them: real subprocesses, real restarts."""
 
 import json
+import os
+import signal
+import subprocess
+import sys
+import time
 
+import jax
+import numpy as np
+import orbax.checkpoint as ocp
 import pytest
 from test_cli import run_cli
 
@@ -17,11 +25,46 @@ def report_of(run_dir):
 
 
 @pytest.fixture(scope="module")
-def failure_free(tmp_path_factory):
+def failure_free_dir(tmp_path_factory):
     run_dir = tmp_path_factory.mktemp("failure_free")
     result = run_cli(*TINY, f"hydra.run.dir={run_dir}")
     assert result.returncode == 0, result.stderr
-    return report_of(run_dir)
+    return run_dir
+
+
+@pytest.fixture(scope="module")
+def failure_free(failure_free_dir):
+    return report_of(failure_free_dir)
+
+
+def saved_state(checkpoint_dir):
+    """The arrays of a checkpoint, read with plain Orbax."""
+    with ocp.CheckpointManager(checkpoint_dir) as manager:
+        return manager.restore(manager.latest_step(), args=ocp.args.Composite(state=ocp.args.StandardRestore())).state
+
+
+def test_a_process_killed_during_a_save_resumes_from_the_previous_complete_checkpoint(tmp_path, failure_free_dir):
+    command = [sys.executable, "-m", "elastic_trainer", *TINY, "checkpoint.period=2", f"hydra.run.dir={tmp_path}"]
+    env = {**os.environ, "ELASTIC_TRAINER_DISABLE_PLUGIN_AUTOLOAD": "1"}
+    in_progress = tmp_path / "checkpoints" / "8.orbax-checkpoint-tmp"  # Orbax writes here, then renames to 8
+    with subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) as training:
+        deadline = time.monotonic() + 240
+        while not in_progress.exists() and training.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.001)
+        training.send_signal(signal.SIGKILL)
+    assert training.returncode == -signal.SIGKILL and in_progress.exists(), "the kill did not land during the save"
+    assert not (tmp_path / "checkpoints" / "8").exists()
+
+    result = run_cli(*TINY, "checkpoint.period=2", "checkpoint.resume=true", f"hydra.run.dir={tmp_path}")
+    assert result.returncode == 0, result.stderr
+    report = report_of(tmp_path)
+    assert report["resumed_from"] == 6 and report["steps_completed"] == 20
+    # the killed run's steps after 6 were lost with it; the resumed run took each later sample once
+    assert report["samples"] == {"consumed": (20 - 6) * 48, "duplicated": 0, "skipped": 0}
+    assert report["data_position"] == 20 * 48
+    resumed, uninterrupted = saved_state(tmp_path / "checkpoints"), saved_state(failure_free_dir / "checkpoints")
+    for a, b in zip(jax.tree.leaves(resumed), jax.tree.leaves(uninterrupted), strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
 
 
 def test_scale_down_finishes_on_the_live_slices_on_the_same_trajectory(tmp_path, failure_free):

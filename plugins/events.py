@@ -1,0 +1,86 @@
+"""Built-in event log: the run's timeline as ``events.jsonl`` beside ``report.json``."""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+import elastic_trainer as et
+
+EVENTS_FILE = "events.jsonl"
+
+
+class EventLog:
+    """Records steps, checkpoint saves and restores as they happen, and the
+    failures, recoveries and resizes of the report, as one JSON object per line
+    ordered by time (``time.time()`` seconds, like the report's ``started_at``).
+
+    Every event has ``event`` and ``time`` (its start); spans also have ``end``:
+
+    - ``step``: a completed step (``step`` counts completed steps) and the ``slices`` it ran on;
+    - ``checkpoint_save``: the time the step loop blocked on saving ``step``;
+    - ``restore``: restoring ``step`` from ``source`` (replica, snapshot or checkpoint);
+    - ``failure``: a failure as in ``report["failures"]``;
+    - ``recovery``: from a failure until the end of the first productive step after it;
+    - ``resize``: the mesh changed from ``slices_before`` to ``slices_after`` slices, for ``reason``.
+    """
+
+    def __init__(self):
+        self.events: list[dict[str, Any]] = []
+        self._began: dict[str, float] = {}
+
+    @et.hookimpl
+    def et_run_start(self) -> None:
+        """Start an empty timeline."""
+        self.events, self._began = [], {}
+
+    @et.hookimpl
+    def et_step_start(self) -> None:
+        """Note when the step began."""
+        self._began["step"] = time.time()
+
+    @et.hookimpl
+    def et_step_end(self, trainer: et.Trainer, step: int) -> None:
+        """Record the step's span and the slices it ran on."""
+        self._span("step", step=step, slices=list(trainer.slices))
+
+    @et.hookimpl
+    def et_before_checkpoint_save(self) -> None:
+        """Note when the save began."""
+        self._began["checkpoint_save"] = time.time()
+
+    @et.hookimpl
+    def et_after_checkpoint_save(self, step: int) -> None:
+        """Record the save's blocking span."""
+        self._span("checkpoint_save", step=step)
+
+    @et.hookimpl
+    def et_before_restore(self) -> None:
+        """Note when the restore began."""
+        self._began["restore"] = time.time()
+
+    @et.hookimpl
+    def et_after_restore(self, step: int, source: str) -> None:
+        """Record the restore's span and where the state came from."""
+        self._span("restore", step=step, source=source)
+
+    @et.hookimpl
+    def et_run_end(self, trainer: et.Trainer, report: dict) -> None:
+        """Add the report's failures, recoveries and resizes; write ``events.jsonl`` to the run directory."""
+        for failure in report["failures"]:
+            self.events.append({"event": "failure", "time": failure["failed_at"], **failure})
+            if failure["recovery_s"]:
+                self.events.append(
+                    {"event": "recovery", "time": failure["failed_at"], "end": failure["failed_at"] + failure["recovery_s"],
+                     "step": failure["step"], "action": failure["action"]}
+                )
+        self.events += [{"event": "resize", "time": resize["at"], **resize} for resize in report["resizes"]]
+        self.events.sort(key=lambda event: event["time"])
+        if trainer.run_dir is not None:
+            trainer.run_dir.mkdir(parents=True, exist_ok=True)
+            with open(trainer.run_dir / EVENTS_FILE, "w") as file:
+                file.writelines(json.dumps(event) + "\n" for event in self.events)
+
+    def _span(self, event: str, **fields: Any) -> None:
+        self.events.append({"event": event, "time": self._began.pop(event, time.time()), "end": time.time(), **fields})
