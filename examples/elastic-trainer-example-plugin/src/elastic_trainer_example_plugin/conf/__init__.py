@@ -1,0 +1,1 @@
+"""Hydra configs this distribution adds to elastic_trainer's (``strategy/quorum.yaml``)."""
