@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import difflib
-import importlib.resources
+import importlib.metadata
 import sys
 import time
 from pathlib import Path
@@ -13,15 +13,20 @@ import psutil
 from hydra import initialize_config_module
 from hydra.core.global_hydra import GlobalHydra
 from hydra.core.hydra_config import HydraConfig
+from hydra.core.object_type import ObjectType
 from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.core.override_parser.types import OverrideType
 from hydra.errors import HydraException
+from hydra.plugins.config_source import ConfigSource
 from omegaconf import DictConfig
 
 from ._config import build_strategy, build_trainer, register_configs
 from ._failures import ConfigError, PluginError, RestartRequested, TrainingStopped
+from ._plugins import DISABLE_AUTOLOAD_ENV, ENTRY_POINT_GROUP, LOAD_PLUGINS_ENV, describe_plugins, make_plugin_manager
 from ._supervisor import RESTART_EXIT_CODE, is_worker, supervise
 
 CONFIG_MODULE = "elastic_trainer_conf"
+LIST_PLUGINS = "--list-plugins"
 EXIT_BAD_INPUT = 2
 EXIT_TRAINING_STOPPED = 3
 
@@ -73,8 +78,10 @@ def check_group_choices(overrides: list[str]) -> None:
     """Raise :class:`ConfigError` when an override picks a group option that does not exist.
 
     Hydra reports this too, but as several lines with its search path; this
-    says it in one sentence and suggests the closest option. Overrides that
-    extend the search path are left to Hydra, which alone sees those options.
+    says it in one sentence and suggests the closest option. The options are
+    those Hydra sees, including the groups and options that installed Hydra
+    searchpath plugins add (a third-party strategy). Overrides that extend the
+    search path are left to Hydra, which alone sees those options.
     """
     if any(o.startswith(("hydra.searchpath", "--config-dir", "-cd")) for o in overrides):
         return
@@ -82,30 +89,83 @@ def check_group_choices(overrides: list[str]) -> None:
         parsed = OverridesParser.create().parse_overrides([o for o in overrides if not o.startswith("-")])
     except HydraException:
         return  # a syntax error: Hydra explains it
-    groups = [p.name for p in importlib.resources.files(CONFIG_MODULE).iterdir() if p.is_dir()]
     with initialize_config_module(CONFIG_MODULE, version_base=None):
         loader = GlobalHydra.instance().config_loader()
+        groups = set(loader.list_groups("")) - {"hydra"}
         for override in parsed:
             group = override.key_or_group
             if group not in groups or override.is_delete():
                 continue
             choices = list(override.sweep_string_iterator()) if override.is_sweep_override() else [override.value()]
             options = loader.get_group_options(group)
+            prefix = {OverrideType.ADD: "+", OverrideType.FORCE_ADD: "++"}.get(override.type, "")
             for choice in choices:
                 if choice not in options:
-                    raise ConfigError(_unknown_option_message(group, str(choice), options))
+                    raise ConfigError(_unknown_option_message(group, str(choice), options, prefix=prefix))
 
 
-def _unknown_option_message(group: str, choice: str, options: list[str]) -> str:
+def _unknown_option_message(group: str, choice: str, options: list[str], *, prefix: str) -> str:
     if not options:
         return f"there is no {group} {choice!r}: no {group} options are installed."
     close = difflib.get_close_matches(choice, options, n=1)
-    hint = f" (did you mean {group}={close[0]}?)" if close else ""
+    hint = f" (did you mean {prefix}{group}={close[0]}?)" if close else ""
     return f"there is no {group} {choice!r}{hint}; choose one of: {', '.join(options)}."
 
 
+def available_strategies() -> list[tuple[str, str]]:
+    """Each ``+strategy=NAME`` option Hydra sees, with its origin, sorted by name.
+
+    The origin is ``"built-in"`` for ``conf/strategy/``, else the distribution
+    (and version) whose Hydra searchpath plugin added the option.
+    """
+    found: dict[str, str] = {}
+    with initialize_config_module(CONFIG_MODULE, version_base=None):
+        for source in GlobalHydra.instance().config_loader().get_sources():
+            if source.available() and source.is_group("strategy"):
+                for name in source.list("strategy", ObjectType.CONFIG):
+                    found.setdefault(name, _config_origin(source))  # the first source wins, as in Hydra
+    return sorted(found.items())
+
+
+def _config_origin(source: ConfigSource) -> str:
+    if source.scheme() == "pkg" and source.path == CONFIG_MODULE:
+        return "built-in"
+    if source.scheme() == "pkg":
+        package = source.path.split(".")[0]
+        distributions = importlib.metadata.packages_distributions().get(package)
+        if distributions:
+            return f"{distributions[0]} {importlib.metadata.version(distributions[0])}"
+    return f"{source.provider} ({source.scheme()}://{source.path})"
+
+
+def list_plugins() -> str:
+    """What ``--list-plugins`` prints: the plugins a run loads, with origin and hooks, and the strategies."""
+    plugins = describe_plugins(make_plugin_manager())
+    lines = ["plugins, each with its origin and then the hooks it implements:"]
+    for info in plugins:
+        lines += [f"  {info.name} ({info.origin})", f"      {', '.join(info.hooks)}"]
+    installed = {ep.name for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP)}
+    skipped = sorted(installed - {info.name for info in plugins})
+    if skipped:
+        lines.append(f"installed but not loaded ({DISABLE_AUTOLOAD_ENV} or {LOAD_PLUGINS_ENV}): {', '.join(skipped)}")
+    strategies = available_strategies()
+    width = max(len(name) for name, _ in strategies)
+    lines.append("strategies (+strategy=NAME):")
+    lines += [f"  {name:<{width}}  {origin}" for name, origin in strategies]
+    return "\n".join(lines)
+
+
 def main() -> None:
-    """Run the app on ``sys.argv`` (Hydra overrides such as ``trainer.steps=20``)."""
+    """Run the app on ``sys.argv`` (Hydra overrides such as ``trainer.steps=20``).
+
+    With ``--list-plugins``, print the plugins and strategies instead and exit.
+    """
+    if LIST_PLUGINS in sys.argv[1:]:
+        try:
+            print(list_plugins())
+        except PluginError as error:
+            _fail(str(error))
+        return
     register_configs()
     try:
         check_group_choices(sys.argv[1:])

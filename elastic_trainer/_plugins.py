@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import importlib.metadata
 import os
+import sys
 from collections.abc import Iterable
 
 import pluggy
@@ -14,6 +16,10 @@ from ._failures import PluginError
 
 ENTRY_POINT_GROUP = hookspecs.PROJECT_NAME
 DISABLE_AUTOLOAD_ENV = "ELASTIC_TRAINER_DISABLE_PLUGIN_AUTOLOAD"
+LOAD_PLUGINS_ENV = "ELASTIC_TRAINER_LOAD_PLUGINS"
+"""Comma-separated names of the entry-point plugins to load (empty: none); unset loads all."""
+TRACE_HOOKS_ENV = "ELASTIC_TRAINER_TRACE_HOOKS"
+"""When set (and not ``0``), every hook call and its result is traced to stderr."""
 
 DEFAULT_PLUGINS = (
     "elastic_trainer_plugins.failures",
@@ -32,20 +38,96 @@ def make_plugin_manager(plugins: Iterable[object] = (), *, load_entry_points: bo
 
     :param plugins: extra plugins (modules or objects with hook implementations),
         registered after the others.
-    :param load_entry_points: load the ``elastic_trainer`` entry-point group;
-        by default yes, unless ``ELASTIC_TRAINER_DISABLE_PLUGIN_AUTOLOAD`` is set.
+    :param load_entry_points: load the ``elastic_trainer`` entry-point group
+        (only the plugins ``ELASTIC_TRAINER_LOAD_PLUGINS`` names, when it is
+        set); by default yes, unless ``ELASTIC_TRAINER_DISABLE_PLUGIN_AUTOLOAD`` is set.
+
+    With ``ELASTIC_TRAINER_TRACE_HOOKS`` set, the manager traces every hook call
+    to stderr (pluggy's :meth:`~pluggy.PluginManager.enable_tracing`).
     """
     manager = pluggy.PluginManager(hookspecs.PROJECT_NAME)
     manager.add_hookspecs(hookspecs)
+    if _env_flag(TRACE_HOOKS_ENV):
+        manager.trace.root.setwriter(_write_trace)
+        manager.enable_tracing()
     for name in DEFAULT_PLUGINS:
         manager.register(_load_default(name), name=name)
     if load_entry_points is None:
-        load_entry_points = not os.environ.get(DISABLE_AUTOLOAD_ENV)
+        load_entry_points = not _env_flag(DISABLE_AUTOLOAD_ENV)
     if load_entry_points:
         _load_entry_points(manager)
     for plugin in plugins:
         manager.register(plugin)
     return manager
+
+
+@dataclasses.dataclass(frozen=True)
+class PluginInfo:
+    """A registered plugin, as ``python -m elastic_trainer --list-plugins`` shows it.
+
+    :param name: the name it is registered under.
+    :param origin: ``"built-in"``, the distribution and version it came from
+        (``"my-dist 1.0"``), or ``"registered in code"``.
+    :param hooks: the hooks it implements, in the order ``hookspecs`` declares them.
+    """
+
+    name: str
+    origin: str
+    hooks: tuple[str, ...]
+
+
+def describe_plugins(manager: pluggy.PluginManager) -> list[PluginInfo]:
+    """Every plugin registered with ``manager``, in registration order, with its origin and hooks."""
+    entry_points = {ep.name: ep for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP)}
+    hook_order = [name for name in vars(hookspecs) if name.startswith("et_")]
+    described = []
+    for name, plugin in manager.list_name_plugin():
+        if name in DEFAULT_PLUGINS:
+            origin = "built-in"
+        elif name in entry_points:
+            origin = distribution_of(entry_points[name])
+        else:
+            origin = "registered in code"
+        hooks = sorted((caller.name for caller in manager.get_hookcallers(plugin) or ()), key=hook_order.index)
+        described.append(PluginInfo(name, origin, tuple(hooks)))
+    return described
+
+
+def distribution_of(entry_point: importlib.metadata.EntryPoint) -> str:
+    """The name and version of the distribution that installed ``entry_point``."""
+    dist = entry_point.dist
+    if dist is None:
+        return f"entry point {entry_point.value}"
+    return f"{dist.name} {dist.version}"
+
+
+def selected_entry_points() -> list[importlib.metadata.EntryPoint]:
+    """The ``elastic_trainer`` entry points to load: all, or those ``ELASTIC_TRAINER_LOAD_PLUGINS`` names.
+
+    Raises :class:`PluginError` when it names a plugin that is not installed.
+    """
+    entry_points = list(importlib.metadata.entry_points(group=ENTRY_POINT_GROUP))
+    allowed = os.environ.get(LOAD_PLUGINS_ENV)
+    if allowed is None:
+        return entry_points
+    names = {name.strip() for name in allowed.split(",") if name.strip()}
+    installed = {ep.name for ep in entry_points}
+    unknown = sorted(names - installed)
+    if unknown:
+        what = "is not an installed plugin" if len(unknown) == 1 else "are not installed plugins"
+        raise PluginError(
+            f"{LOAD_PLUGINS_ENV} names {', '.join(map(repr, unknown))}, which {what}; "
+            f"installed: {', '.join(sorted(installed)) or 'none'}."
+        )
+    return [ep for ep in entry_points if ep.name in names]
+
+
+def _env_flag(name: str) -> bool:
+    return os.environ.get(name, "") not in ("", "0")
+
+
+def _write_trace(message: str) -> None:
+    sys.stderr.write(message)
 
 
 def _load_default(name: str) -> object:
@@ -57,7 +139,7 @@ def _load_default(name: str) -> object:
 def _load_entry_points(manager: pluggy.PluginManager) -> None:
     # pluggy's load_setuptools_entrypoints does the same, but an import error
     # from it does not say which plugin failed; this loop names it.
-    for entry_point in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
+    for entry_point in selected_entry_points():
         if manager.get_plugin(entry_point.name) is not None or manager.is_blocked(entry_point.name):
             continue
         try:

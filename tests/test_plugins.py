@@ -4,6 +4,7 @@ import pytest
 
 import elastic_trainer as et
 from elastic_trainer import _plugins
+from elastic_trainer._cli import main
 
 
 def test_built_ins_are_registered_by_name():
@@ -45,3 +46,91 @@ def test_mesh_plugin_returning_garbage_is_a_plugin_error(tiny_trainer_kwargs):
     trainer = et.Trainer(**tiny_trainer_kwargs(plugins=[BadMesh()]))
     with pytest.raises(et.PluginError, match="et_make_mesh returned 'a mesh, trust me'"):
         trainer.fit()
+
+
+def two_entry_points(monkeypatch):
+    eps = [
+        importlib.metadata.EntryPoint(name="observer", value="json", group="elastic_trainer"),
+        importlib.metadata.EntryPoint(name="other", value="csv", group="elastic_trainer"),
+    ]
+    monkeypatch.setattr(_plugins.importlib.metadata, "entry_points", lambda group: eps)
+
+
+@pytest.mark.parametrize(
+    ("allowed", "loaded"),
+    [("observer", {"observer"}), (" other , observer ", {"observer", "other"}), ("", set())],
+)
+def test_allow_list_loads_only_the_entry_points_it_names(monkeypatch, allowed, loaded):
+    two_entry_points(monkeypatch)
+    monkeypatch.setenv(_plugins.LOAD_PLUGINS_ENV, allowed)
+    manager = et.make_plugin_manager(load_entry_points=True)
+    assert {name for name in ("observer", "other") if manager.get_plugin(name)} == loaded
+    assert all(manager.get_plugin(name) for name in et.DEFAULT_PLUGINS)
+
+
+def test_allow_list_naming_a_plugin_that_is_not_installed_is_an_error(monkeypatch):
+    two_entry_points(monkeypatch)
+    monkeypatch.setenv(_plugins.LOAD_PLUGINS_ENV, "observer,obsrever")
+    message = r"names 'obsrever', which is not an installed plugin; installed: observer, other\."
+    with pytest.raises(et.PluginError, match=message):
+        et.make_plugin_manager(load_entry_points=True)
+
+
+class FakeCluster:
+    def healthy_slices(self):
+        return [0, 2]
+
+
+class FakeTrainer:
+    cluster = FakeCluster()
+
+
+@pytest.mark.parametrize("value", ["1", "0", None])
+def test_hook_calls_are_traced_to_stderr_when_asked(monkeypatch, capsys, value):
+    if value is not None:
+        monkeypatch.setenv(_plugins.TRACE_HOOKS_ENV, value)
+    manager = et.make_plugin_manager()
+    assert manager.hook.et_slice_health(trainer=FakeTrainer()) == [0, 2]
+    err = capsys.readouterr().err
+    if value == "1":
+        assert "et_slice_health [hook]\n" in err and "trainer: " in err
+        assert "finish et_slice_health --> [0, 2] [hook]" in err
+    else:
+        assert err == ""
+
+
+def test_plugins_are_described_with_their_origin_and_hooks(monkeypatch):
+    (script,) = [ep for ep in importlib.metadata.distribution("pytest").entry_points if ep.name == "pytest"]
+    monkeypatch.setattr(_plugins.importlib.metadata, "entry_points", lambda group: [script])
+
+    class Observer:
+        @et.hookimpl
+        def et_run_end(self):
+            pass
+
+        @et.hookimpl
+        def et_run_start(self):
+            pass
+
+    manager = et.make_plugin_manager([Observer()], load_entry_points=False)
+    manager.register(_plugins, name="pytest")  # as if the entry point named it
+    described = {info.name: info for info in _plugins.describe_plugins(manager)}
+    assert list(described)[: len(et.DEFAULT_PLUGINS)] == list(et.DEFAULT_PLUGINS)
+    assert described["elastic_trainer_plugins.failures"] == _plugins.PluginInfo(
+        "elastic_trainer_plugins.failures", "built-in", ("et_classify_failure",)
+    )
+    assert described["pytest"].origin == f"pytest {importlib.metadata.version('pytest')}"
+    (observer,) = [info for info in described.values() if info.origin == "registered in code"]
+    assert observer.hooks == ("et_run_start", "et_run_end")  # in the order hookspecs declares them
+
+
+def test_list_plugins_prints_plugins_and_strategies_without_training(monkeypatch, capsys):
+    monkeypatch.setattr("sys.argv", ["elastic_trainer", "--list-plugins"])
+    main()
+    out = capsys.readouterr().out
+    for name in et.DEFAULT_PLUGINS:
+        assert f"  {name} (built-in)\n" in out
+    assert "      et_classify_failure\n" in out
+    strategies = out.split("strategies (+strategy=NAME):\n")[1].splitlines()
+    for builtin in ("full_restart", "pause_resume", "scale_down"):
+        assert any(line.split() == [builtin, "built-in"] for line in strategies), builtin
