@@ -48,8 +48,11 @@ class Chaos:
     :param failures: scheduled failures (mappings or :class:`ScheduledFailure`).
     :param mean_steps_between_failures: random mode: each step loses one of
         the slices in use with probability ``1 / mean`` (0: off).
-    :param random_down_for_s: how long a randomly lost slice stays down.
-    :param seed: seeds random mode; the same seed loses the same slices at the same steps.
+    :param steps_per_failure: periodic mode: exactly one of the slices in use
+        is lost in every window of this many steps (steps 0 to N-1, N to
+        2N-1, ...), at a seeded random step of the window (0: off).
+    :param random_down_for_s: how long a slice lost in random or periodic mode stays down.
+    :param seed: seeds random and periodic modes; the same seed loses the same slices at the same steps.
 
     Scheduled failures strike once per run: a resumed run (a restarted
     worker) reads which already struck from ``chaos_fired.json`` in the run
@@ -64,11 +67,16 @@ class Chaos:
         mean_steps_between_failures: float = 0.0,
         random_down_for_s: float = 1e9,
         seed: int = 0,
+        steps_per_failure: int = 0,
     ):
         self.failures = [f if isinstance(f, ScheduledFailure) else ScheduledFailure(**f) for f in failures]
-        if mean_steps_between_failures < 0 or random_down_for_s < 0:
-            raise et.ConfigError("chaos.mean_steps_between_failures and chaos.random_down_for_s must not be negative.")
+        if min(mean_steps_between_failures, random_down_for_s, steps_per_failure) < 0:
+            raise et.ConfigError(
+                "chaos.mean_steps_between_failures, chaos.steps_per_failure and chaos.random_down_for_s "
+                "must not be negative."
+            )
         self.mean_steps_between_failures = mean_steps_between_failures
+        self.steps_per_failure = steps_per_failure
         self.random_down_for_s = random_down_for_s
         self.seed = seed
         self._fired: set[int] = set()  # scheduled failures that struck
@@ -90,14 +98,19 @@ class Chaos:
 
     @et.hookimpl
     def et_step_start(self, trainer: et.Trainer, step: int) -> None:
-        """Lose the slices scheduled for this step, and in random mode maybe one more."""
+        """Lose the slices scheduled for this step, and in random or periodic mode maybe one more."""
         self._strike(trainer, step, "train_step")
-        if self.mean_steps_between_failures and step not in self._random_steps:
+        if step in self._random_steps:
+            return  # a step retried after its failure is spared
+        if self.mean_steps_between_failures:
             rng = np.random.default_rng([self.seed, step])
             if rng.random() < 1 / self.mean_steps_between_failures:
-                self._random_steps.add(step)
-                self._remember(trainer)
-                trainer.cluster.fail_slice(int(rng.choice(trainer.slices)), down_for_s=self.random_down_for_s)
+                self._strike_random_slice(trainer, step, rng)
+        if self.steps_per_failure:
+            window = step // self.steps_per_failure
+            rng = np.random.default_rng([self.seed, window, self.steps_per_failure])
+            if step == window * self.steps_per_failure + rng.integers(self.steps_per_failure):
+                self._strike_random_slice(trainer, step, rng)
 
     @et.hookimpl
     def et_before_checkpoint_save(self, trainer: et.Trainer, step: int) -> None:
@@ -122,6 +135,12 @@ class Chaos:
                 self._remember(trainer)
                 lose = trainer.cluster.hang_slice if failure.hang else trainer.cluster.fail_slice
                 lose(failure.slice, down_for_s=failure.down_for_s)
+
+    def _strike_random_slice(self, trainer: et.Trainer, step: int, rng: np.random.Generator) -> None:
+        if step not in self._random_steps:
+            self._random_steps.add(step)
+            self._remember(trainer)
+            trainer.cluster.fail_slice(int(rng.choice(trainer.slices)), down_for_s=self.random_down_for_s)
 
     def _remember(self, trainer: et.Trainer) -> None:
         """Write down what struck, so that a restarted worker does not strike again."""

@@ -1,10 +1,12 @@
 import io
+import types
 
 import jax
 from rich.console import Console
 
 import elastic_trainer as et
 from elastic_trainer_plugins import failures
+from elastic_trainer_plugins.chaos import Chaos
 from elastic_trainer_plugins.progress import ProgressPlugin
 
 
@@ -24,3 +26,31 @@ def test_progress_bar_on_a_terminal_shows_step_loss_and_throughput(tiny_trainer_
     et.Trainer(**tiny_trainer_kwargs(steps=3, plugin_manager=manager)).fit()
     text = out.getvalue()
     assert "3/3" in text and "loss 2." in text and "samples/s" in text
+
+
+class RecordingCluster:
+    def __init__(self):
+        self.lost = []
+
+    def fail_slice(self, slice_, *, down_for_s):
+        self.lost.append((slice_, down_for_s))
+
+
+def test_periodic_chaos_loses_one_seeded_slice_in_every_window_of_steps():
+    def strikes(seed):
+        trainer = types.SimpleNamespace(cluster=RecordingCluster(), slices=(0, 1, 2, 3), run_dir=None)
+        chaos = Chaos(steps_per_failure=10, random_down_for_s=2.0, seed=seed)
+        struck = []
+        for step in range(30):
+            before = len(trainer.cluster.lost)
+            chaos.et_step_start(trainer=trainer, step=step)
+            if len(trainer.cluster.lost) > before:
+                struck.append(step)
+                chaos.et_step_start(trainer=trainer, step=step)  # the step retried after recovery is spared
+        return struck, trainer.cluster.lost
+
+    steps, lost = strikes(seed=3)
+    assert [step // 10 for step in steps] == [0, 1, 2]
+    assert all(slice_ in (0, 1, 2, 3) and down_for_s == 2.0 for slice_, down_for_s in lost) and len(lost) == 3
+    assert strikes(seed=3) == (steps, lost)
+    assert strikes(seed=4)[0] != steps
