@@ -19,7 +19,7 @@ from ._failures import (
     TrainingStopped as TrainingStopped,
 )
 from ._goodput import BADPUT_CATEGORIES as BADPUT_CATEGORIES, GoodputClock as GoodputClock
-from ._report import summary_table as summary_table
+from ._report import report_events as report_events, summary_table as summary_table
 from ._mesh import DEVICE_AXIS as DEVICE_AXIS, SLICE_AXIS as SLICE_AXIS, make_mesh as make_mesh
 from ._models import Transformer as Transformer, next_token_loss as next_token_loss
 from ._plugins import DEFAULT_PLUGINS as DEFAULT_PLUGINS, make_plugin_manager as make_plugin_manager

@@ -14,6 +14,7 @@ from hydra import initialize_config_module
 from hydra.core.global_hydra import GlobalHydra
 from hydra.core.hydra_config import HydraConfig
 from hydra.core.object_type import ObjectType
+from hydra.types import RunMode
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.override_parser.types import OverrideType
 from hydra.errors import HydraException
@@ -49,10 +50,11 @@ def _app(cfg: DictConfig) -> None:
     try:
         strategy = build_strategy(cfg)
         if getattr(strategy, "restarts_process", False) and not is_worker():
-            sys.exit(supervise(
+            _end_job(supervise(
                 overrides=list(hydra_cfg.overrides.task), run_dir=Path(hydra_cfg.runtime.output_dir),
                 max_restarts=strategy.max_restarts, started_at=started_at,
             ))
+            return
         trainer = build_trainer(cfg, run_dir=hydra_cfg.runtime.output_dir, started_at=started_at, strategy=strategy)
         try:
             trainer.fit()
@@ -66,7 +68,21 @@ def _app(cfg: DictConfig) -> None:
         sys.exit(RESTART_EXIT_CODE)
     except TrainingStopped as stop:
         print(f"elastic_trainer: training stopped: {stop}", file=sys.stderr)
-        sys.exit(EXIT_TRAINING_STOPPED)
+        _end_job(EXIT_TRAINING_STOPPED)
+
+
+_worst_job_status = 0
+
+
+def _end_job(status: int) -> None:
+    """End a job with exit status ``status``: a single run exits with it; in a
+    multirun the sweep goes on (a stopped job has its report like any other)
+    and the command exits with the worst status once every job has run."""
+    global _worst_job_status
+    if HydraConfig.get().mode == RunMode.MULTIRUN:
+        _worst_job_status = max(_worst_job_status, status)
+    elif status:
+        sys.exit(status)
 
 
 def _fail(message: str) -> None:
@@ -172,3 +188,4 @@ def main() -> None:
     except ConfigError as error:
         _fail(str(error))
     _app()
+    sys.exit(_worst_job_status)

@@ -79,3 +79,19 @@ def merge_worker_reports(
         "started_at": started_at,
         "workers": len(reports),
     }
+
+
+def report_events(report: dict[str, Any]) -> list[dict[str, Any]]:
+    """The timeline events a report holds: each failure, its recovery
+    (from the failure to the end of the first productive step after it) and
+    each resize, with ``event`` and ``time`` (and ``end`` for a recovery)."""
+    events = []
+    for failure in report["failures"]:
+        events.append({"event": "failure", "time": failure["failed_at"], **failure})
+        if failure["recovery_s"]:
+            events.append({
+                "event": "recovery", "time": failure["failed_at"], "end": failure["failed_at"] + failure["recovery_s"],
+                "step": failure["step"], "action": failure["action"],
+            })
+    events += [{"event": "resize", "time": resize["at"], **resize} for resize in report["resizes"]]
+    return events

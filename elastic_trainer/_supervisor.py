@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 from rich.console import Console
 
-from ._report import merge_worker_reports, summary_table
+from ._report import merge_worker_reports, report_events, summary_table
 
 EVENTS = "events.jsonl"
 
@@ -41,7 +41,8 @@ def supervise(*, overrides: list[str], run_dir: Path, max_restarts: int, started
     reports, ledgers, resume = [], [], []
     while True:
         attempt = len(reports)
-        command = [sys.executable, "-m", "elastic_trainer", *kept, f"hydra.run.dir={run_dir}", *resume]
+        # a worker is one run, even when its supervisor is one job of a multirun
+        command = [sys.executable, "-m", "elastic_trainer", *kept, f"hydra.run.dir={run_dir}", "hydra.mode=RUN", *resume]
         status = subprocess.run(command, env={**os.environ, WORKER_ENV: str(attempt)}).returncode
         report_file, samples_file, events_file = (run_dir / name for name in ("report.json", "samples.npz", EVENTS))
         if not report_file.exists():
@@ -62,15 +63,21 @@ def supervise(*, overrides: list[str], run_dir: Path, max_restarts: int, started
         resume = ["checkpoint.resume=true"]
     report = merge_worker_reports(reports, ledgers, started_at=started_at)
     report_file.write_text(json.dumps(report, indent=2) + "\n")
-    _merge_worker_events(run_dir, workers=len(reports))
+    _merge_worker_events(run_dir, report, workers=len(reports))
     Console().print(summary_table(report))
     print(f"report: {report_file}")
     return status
 
 
-def _merge_worker_events(run_dir: Path, *, workers: int) -> None:
-    """One ``events.jsonl`` for the run: every worker's events in order, each marked with its ``worker``."""
-    with open(run_dir / EVENTS, "w") as merged:
-        for worker in range(workers):
-            for line in (run_dir / f"events.worker{worker}.jsonl").read_text().splitlines():
-                merged.write(json.dumps({**json.loads(line), "worker": worker}) + "\n")
+def _merge_worker_events(run_dir: Path, report: dict, *, workers: int) -> None:
+    """One ``events.jsonl`` for the run: every worker's steps, saves and restores,
+    each marked with its ``worker``, and the failures, recoveries and resizes of
+    the merged report (a restart's recovery spans two workers)."""
+    events = [
+        {**event, "worker": worker}
+        for worker in range(workers)
+        for event in map(json.loads, (run_dir / f"events.worker{worker}.jsonl").read_text().splitlines())
+        if event["event"] not in ("failure", "recovery", "resize")
+    ]
+    events = sorted(events + report_events(report), key=lambda event: event["time"])
+    (run_dir / EVENTS).write_text("".join(json.dumps(event) + "\n" for event in events))

@@ -68,14 +68,7 @@ class EventLog:
     @et.hookimpl
     def et_run_end(self, trainer: et.Trainer, report: dict) -> None:
         """Add the report's failures, recoveries and resizes; write ``events.jsonl`` to the run directory."""
-        for failure in report["failures"]:
-            self.events.append({"event": "failure", "time": failure["failed_at"], **failure})
-            if failure["recovery_s"]:
-                self.events.append(
-                    {"event": "recovery", "time": failure["failed_at"], "end": failure["failed_at"] + failure["recovery_s"],
-                     "step": failure["step"], "action": failure["action"]}
-                )
-        self.events += [{"event": "resize", "time": resize["at"], **resize} for resize in report["resizes"]]
+        self.events += et.report_events(report)
         self.events.sort(key=lambda event: event["time"])
         if trainer.run_dir is not None:
             trainer.run_dir.mkdir(parents=True, exist_ok=True)
