@@ -28,6 +28,7 @@ class TrainerConfig:
     within_slice: str = "replicated"
     snapshot_period: int = 10
     step_timeout_s: float = 300.0
+    compilation_cache_dir: str | None = None
 
     def __post_init__(self):
         check_at_least("trainer.steps", self.steps, 1)
@@ -199,6 +200,7 @@ class ChaosConfig:
     mean_steps_between_failures: float = 0.0
     random_down_for_s: float = 1e9
     seed: int = 0
+    steps_per_failure: int = 0
 
 
 @dataclasses.dataclass
@@ -251,6 +253,8 @@ def build_trainer(
         raise ConfigError(f"{error.msg} (at {error.full_key})") from error
     cluster = _instantiate(cfg, "cluster")
     cluster.configure_jax()
+    if cfg.trainer.compilation_cache_dir:
+        jax.config.update("jax_compilation_cache_dir", str(cfg.trainer.compilation_cache_dir))
     return Trainer(
         checkpointer=_checkpointer(cfg.checkpoint, run_dir),
         resume=cfg.checkpoint.resume,
