@@ -181,6 +181,14 @@ class FullRestartConfig:
 
 
 @dataclasses.dataclass
+class FallbackConfig:
+    """``+strategy=pause_then_scale_down`` and other chains: each strategy takes over when the one before gives up."""
+
+    _target_: str = "elastic_trainer_plugins.fallback.Fallback"
+    strategies: list[Any] = dataclasses.field(default_factory=list)
+
+
+@dataclasses.dataclass
 class ScheduledFailureConfig:
     """One entry of ``chaos.failures``."""
 
@@ -232,6 +240,7 @@ def register_configs() -> None:
         ("strategy", "scale_down", ScaleDownConfig),
         ("strategy", "pause_resume", PauseResumeConfig),
         ("strategy", "full_restart", FullRestartConfig),
+        ("strategy", "fallback", FallbackConfig),
         ("chaos", "chaos", ChaosConfig),
     ):
         store.store(group=f"schema/{group}", name=name, node=node)

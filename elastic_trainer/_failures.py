@@ -56,6 +56,8 @@ class RecoveryPlan:
         at all (``"none"``).
     :param restart_process: end this worker so the supervisor starts a fresh
         one that restores the last checkpoint (a full restart).
+    :param otherwise: the plan to carry out instead of stopping when fewer
+        than ``min_slices`` are healthy after the wait (a fallback chain).
     """
 
     action: str
@@ -64,6 +66,7 @@ class RecoveryPlan:
     keep_global_batch: bool = True
     lr_scaling: str = "linear"
     restart_process: bool = False
+    otherwise: RecoveryPlan | None = None
 
 
 class RetryBudget:

@@ -12,7 +12,7 @@ from collections.abc import Iterable
 import pluggy
 
 from . import hookspecs
-from ._failures import PluginError
+from ._failures import ConfigError, PluginError, TrainingStopped
 
 ENTRY_POINT_GROUP = hookspecs.PROJECT_NAME
 DISABLE_AUTOLOAD_ENV = "ELASTIC_TRAINER_DISABLE_PLUGIN_AUTOLOAD"
@@ -150,3 +150,51 @@ def _load_entry_points(manager: pluggy.PluginManager) -> None:
                 f"fix or uninstall it, or set {DISABLE_AUTOLOAD_ENV}=1 to skip entry-point plugins."
             ) from error
         manager.register(plugin, name=entry_point.name)
+
+
+OBSERVER_HOOKS = (
+    "et_run_start", "et_step_start", "et_step_end", "et_before_checkpoint_save", "et_after_checkpoint_save",
+    "et_before_restore", "et_after_restore", "et_run_end",
+)
+"""Hooks whose results are ignored: plugins only watch through them."""
+
+
+class GuardedHooks:
+    """The manager's hooks, with an observer's exception turned into a
+    :class:`PluginError` that names the plugin and the hook.
+
+    Only :data:`OBSERVER_HOOKS` are guarded: a plugin that merely watches must
+    not pass for a failure of the hardware. Errors that are already ours
+    (bad config, a stop, a plugin error) go through unchanged.
+    """
+
+    def __init__(self, manager: pluggy.PluginManager):
+        self._manager = manager
+
+    def __getattr__(self, name: str):
+        caller = getattr(self._manager.hook, name)
+        if name not in OBSERVER_HOOKS:
+            return caller
+
+        def call(**kwargs):
+            try:
+                return caller(**kwargs)
+            except (ConfigError, PluginError, TrainingStopped):
+                raise
+            except Exception as error:
+                raise PluginError(
+                    f"plugin {_raiser(caller, error)!r} raised {type(error).__name__} in {name}: {error}; "
+                    "training stopped with its state as it was before the hook; fix or remove the plugin."
+                ) from error
+
+        return call
+
+
+def _raiser(caller: pluggy.HookCaller, error: Exception) -> str:
+    """The name of the plugin whose hook implementation raised ``error`` (innermost in its traceback)."""
+    plugin_of_code = {impl.function.__code__: impl.plugin_name for impl in caller.get_hookimpls()}
+    name, traceback = "unknown", error.__traceback__
+    while traceback is not None:
+        name = plugin_of_code.get(traceback.tb_frame.f_code, name)
+        traceback = traceback.tb_next
+    return name

@@ -35,13 +35,13 @@ from ._failures import (
 from ._goodput import GoodputClock
 from ._ledger import SampleLedger
 from ._mesh import DEVICE_AXIS, SLICE_AXIS, WithinSlice, batch_sharding, keep_slices
-from ._plugins import make_plugin_manager
+from ._plugins import GuardedHooks, make_plugin_manager
+from ._recovery import carry_out_waits, wait_for_slices
 from ._state import TrainState, init_train_state
 from ._step import LossFn, make_step_fn
 from ._step_cache import StepCache
 from ._watchdog import Watchdog
 
-_HEALTH_POLL_S = 0.05
 
 
 def strategy_name(strategy: object) -> str:
@@ -143,6 +143,7 @@ class Trainer:
         self.run_dir = None if run_dir is None else Path(run_dir)
         self.started_at = started_at
         self.plugin_manager = make_plugin_manager(plugins) if plugin_manager is None else plugin_manager
+        self._hooks = GuardedHooks(self.plugin_manager)
         self.strategy = strategy
         if strategy is not None:
             self.plugin_manager.register(strategy, name=f"strategy:{strategy_name(strategy)}")
@@ -153,9 +154,10 @@ class Trainer:
         self.resizes: list[dict[str, Any]] = []
 
     @property
-    def hook(self) -> pluggy.HookRelay:
-        """The plugin manager's hooks; call them with keyword arguments."""
-        return self.plugin_manager.hook
+    def hook(self) -> GuardedHooks:
+        """The plugin manager's hooks; call them with keyword arguments. An
+        observer hook that raises stops training with a :class:`PluginError` naming the plugin."""
+        return self._hooks
 
     # ------------------------------------------------------------------ the loop
 
@@ -329,11 +331,13 @@ class Trainer:
         self, error: Exception, *, step: int, phase: str, arrays: PyTree, layout: _Layout
     ) -> tuple[PyTree, _Layout]:
         """Recover from ``error``; a failure while recovering starts the recovery over."""
+        if isinstance(error, PluginError):
+            raise error  # a plugin's bug, not the hardware's
         while True:
             try:
                 arrays, layout = self._recover(error, step=step, phase=phase, arrays=arrays, layout=layout)
                 break
-            except TrainingStopped:
+            except (TrainingStopped, PluginError):
                 raise
             except Exception as again:  # noqa: BLE001 - classified like any other failure
                 error, phase = again, "recovery"
@@ -369,19 +373,10 @@ class Trainer:
             ) from error
         if not isinstance(plan, RecoveryPlan):
             raise PluginError(f"et_choose_recovery returned {plan!r}; a strategy must return an et.RecoveryPlan.")
-        record["action"] = plan.action
-        if plan.restart_process:
-            self._restart(record, step=step, error=error)
-
-        begin = time.time()
-        with clock.measure("waiting_for_slices"):
-            healthy = self._wait_for_slices(plan.wait_for_all_s)
-        record["waiting_s"] = time.time() - begin
-        if len(healthy) < plan.min_slices:
-            raise TrainingStopped(
-                f"{plan.action}: {len(healthy)} slice(s) healthy after waiting {record['waiting_s']:.0f} s, "
-                f"fewer than the {plan.min_slices} the strategy needs; the last checkpoint is intact."
-            ) from error
+        plan, healthy = carry_out_waits(
+            plan, record, wait=self._wait_for_slices, restart=lambda: self._restart(record, step=step, error=error),
+            error=error,
+        )
         lost = self._lost_slices(layout, lost)  # slices may also have failed while recovering
         arrays = self.cluster.surviving(arrays, lost)  # what lived on lost slices is gone
         record["slices"] = list(lost)
@@ -435,14 +430,8 @@ class Trainer:
             pending["record"]["recovery_s"] = time.time() - pending["failed_at"]
 
     def _wait_for_slices(self, timeout_s: float) -> list[int]:
-        """Poll slice health until every slice is healthy or ``timeout_s`` has passed."""
-        total = len(self.cluster.slice_devices())
-        deadline = time.monotonic() + timeout_s
-        healthy = self.hook.et_slice_health(trainer=self)
-        while len(healthy) < total and time.monotonic() < deadline:
-            time.sleep(min(_HEALTH_POLL_S, max(0.0, deadline - time.monotonic())))
-            healthy = self.hook.et_slice_health(trainer=self)
-        return sorted(healthy)
+        with self._clock.measure("waiting_for_slices"):
+            return wait_for_slices(self.hook, self, timeout_s)
 
     def _restore(
         self, arrays: PyTree, old: _Layout, survivors: Sequence[int], new: _Layout, *, step: int
@@ -561,7 +550,7 @@ class Trainer:
                 arrays = self._restore_checkpoint(arrays, layout)
             self._resumed_from = int(arrays.step)
             return arrays, layout
-        except (ConfigError, TrainingStopped):
+        except (ConfigError, PluginError, TrainingStopped):
             raise
         except Exception as error:  # noqa: BLE001 - classified by _survive
             self._state_is_whole = False  # the arrays hold no trained state yet: nothing to copy from

@@ -1,5 +1,8 @@
 import importlib.metadata
 
+import equinox as eqx
+import jax
+import numpy as np
 import pytest
 
 import elastic_trainer as et
@@ -134,3 +137,31 @@ def test_list_plugins_prints_plugins_and_strategies_without_training(monkeypatch
     strategies = out.split("strategies (+strategy=NAME):\n")[1].splitlines()
     for builtin in ("full_restart", "pause_resume", "scale_down"):
         assert any(line.split() == [builtin, "built-in"] for line in strategies), builtin
+
+
+class Exploding:
+    """An observer with a bug: it raises at the end of step 3."""
+
+    @et.hookimpl
+    def et_step_end(self, step):
+        if step == 3:
+            raise RuntimeError("metrics backend unreachable")
+
+
+def test_a_raising_observer_is_named_and_the_training_state_is_unchanged(tiny_trainer_kwargs, tmp_path):
+    uninterrupted = et.Trainer(**tiny_trainer_kwargs(steps=4)).fit().state
+    buggy = et.Trainer(**tiny_trainer_kwargs(steps=4, checkpointer=et.Checkpointer(tmp_path, period=2)))
+    buggy.plugin_manager.register(Exploding(), name="exploding")
+    with pytest.raises(et.PluginError) as error:
+        buggy.fit()
+    assert str(error.value).startswith(
+        "plugin 'exploding' raised RuntimeError in et_step_end: metrics backend unreachable;"
+    )
+    assert buggy.failures == []  # not mistaken for a lost slice
+    buggy.checkpointer.close()
+    resumed = et.Trainer(**tiny_trainer_kwargs(steps=4, checkpointer=et.Checkpointer(tmp_path, period=2), resume=True))
+    result = resumed.fit()
+    assert result.report["resumed_from"] == 2
+    arrays = [jax.tree.leaves(eqx.filter(s, eqx.is_array)) for s in (uninterrupted, result.state)]
+    for a, b in zip(*arrays, strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)

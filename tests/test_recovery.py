@@ -16,6 +16,7 @@ import pytest
 
 import elastic_trainer as et
 from elastic_trainer_plugins.chaos import Chaos
+from elastic_trainer_plugins.fallback import Fallback
 from elastic_trainer_plugins.pause_resume import PauseResume
 from elastic_trainer_plugins.scale_down import ScaleDown
 
@@ -251,6 +252,21 @@ def test_pause_resume_stops_when_the_slice_is_not_back_in_time(tiny_trainer_kwar
     assert resumed.checkpointer.latest_step() == FAIL_AT - FAIL_AT % 2
     state, _ = resumed.fit()
     assert int(state.step) == FAIL_AT
+
+
+def test_fallback_chain_scales_down_once_pause_resume_times_out(tiny_trainer_kwargs):
+    chain = Fallback([PauseResume(timeout_s=0.5), ScaleDown(scale_up=False)])
+    trainer = et.Trainer(**tiny_trainer_kwargs(steps=STEPS, global_batch_size=BATCH, strategy=chain,
+                                               plugins=[chaos(lose(1))]))
+    state, report = fit(trainer)
+    assert state is not None, report["stopped"]
+    assert report["strategy"] == "pause_resume->scale_down" and report["steps_completed"] == STEPS
+    [failure] = report["failures"]
+    assert (failure["fell_back_from"], failure["action"]) == (["pause_resume"], "scale_down")
+    assert failure["waiting_s"] >= 0.5  # pause_resume really waited before giving up
+    assert (failure["slices_after"], failure["restored_from"], failure["lost_steps"]) == (3, "replica", 0)
+    assert report["samples"] == {"consumed": STEPS * BATCH, "duplicated": 0, "skipped": 0}
+    assert_params_close(params_of(state), baseline_params(tiny_trainer_kwargs, steps=STEPS))
 
 
 # ------------------------------------------------------------------ a second failure while recovering
