@@ -32,15 +32,14 @@ EXIT_BAD_INPUT = 2
 EXIT_TRAINING_STOPPED = 3
 
 
-_jobs_started = 0
-
-
 def _job_started_at() -> float:
-    """When this job's wall clock starts: the process start for the first job of
-    the process, the job's own start for the later jobs of a multirun."""
-    global _jobs_started
-    _jobs_started += 1
-    return psutil.Process().create_time() if _jobs_started == 1 else time.time()
+    """When this job's wall clock starts: the process start for a single run
+    (start-up is part of its cost), the job's own start for each job of a
+    multirun (jobs after the first do not start the interpreter again, so
+    none is charged for it)."""
+    if HydraConfig.get().mode == RunMode.MULTIRUN:
+        return time.time()
+    return psutil.Process().create_time()
 
 
 @hydra.main(version_base=None, config_path=f"pkg://{CONFIG_MODULE}", config_name="config")
