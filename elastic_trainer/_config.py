@@ -181,6 +181,14 @@ class FullRestartConfig:
 
 
 @dataclasses.dataclass
+class PathwaysClusterConfig:
+    """``cluster=pathways``: the slices of a Pathways job, through pathwaysutils (an optional extra)."""
+
+    _target_: str = "elastic_trainer.PathwaysCluster"
+    health_checker: str | None = None
+
+
+@dataclasses.dataclass
 class FallbackConfig:
     """``+strategy=pause_then_scale_down`` and other chains: each strategy takes over when the one before gives up."""
 
@@ -233,6 +241,7 @@ def register_configs() -> None:
     store.store(name="base_config", node=Config)
     for group, name, node in (
         ("cluster", "simulated", SimulatedClusterConfig),
+        ("cluster", "pathways", PathwaysClusterConfig),
         ("model", "transformer", TransformerConfig),
         ("data", "stdlib_text", StdlibTextConfig),
         ("optimizer", "adamw", AdamWConfig),

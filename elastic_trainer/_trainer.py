@@ -41,12 +41,18 @@ from ._state import TrainState, init_train_state
 from ._step import LossFn, make_step_fn
 from ._step_cache import StepCache
 from ._watchdog import Watchdog
+from .hookspecs import PROJECT_NAME
 
 
 
 def strategy_name(strategy: object) -> str:
     """A strategy's name: its ``name`` attribute, else its class name."""
     return getattr(strategy, "name", type(strategy).__name__)
+
+
+def _implements_hooks(obj: object) -> bool:
+    """Whether ``obj`` has hook implementations (methods marked with ``et.hookimpl``)."""
+    return any(hasattr(getattr(type(obj), name, None), f"{PROJECT_NAME}_impl") for name in dir(type(obj)))
 
 
 class FitResult(NamedTuple):
@@ -147,6 +153,8 @@ class Trainer:
         self.strategy = strategy
         if strategy is not None:
             self.plugin_manager.register(strategy, name=f"strategy:{strategy_name(strategy)}")
+        if _implements_hooks(cluster):  # a cluster may steer too (cluster=pathways classifies Pathways' errors)
+            self.plugin_manager.register(cluster, name=f"cluster:{cluster.kind}")
         self.mesh: Mesh | None = None
         self.slices: tuple[int, ...] = ()
         self.failures: list[dict[str, Any]] = []

@@ -1,0 +1,94 @@
+"""``cluster=pathways``: the slices of a Pathways job on Cloud TPU, seen through ``pathwaysutils``."""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import jax
+
+from ._cluster import AbstractCluster
+from ._failures import ConfigError, Failure
+from .hookspecs import hookimpl
+
+
+def _pathwaysutils_elastic() -> Any:
+    try:
+        return importlib.import_module("pathwaysutils.elastic.elastic")
+    except ImportError as error:
+        raise ConfigError(
+            f"cluster=pathways needs pathwaysutils ({error}); install it with pip install 'elastic-trainer[pathways]'."
+        ) from error
+
+
+class PathwaysCluster(AbstractCluster):
+    """Slices as Pathways reports them: ``device.slice_index`` groups the
+    devices, pathwaysutils' health checker says which slices are up (as in
+    MaxText's elastic mode), and its classification of slice-down errors
+    feeds the ``et_classify_failure`` hook (the trainer registers the cluster
+    as a plugin).
+
+    :param health_checker: a ``pathwaysutils.elastic.elastic.SliceHealthChecker``
+        subclass, or its import path (``"module:Class"``); ``None`` for
+        pathwaysutils' default, which runs a tiny computation on every slice.
+    :param slice_to_devices: the devices of each Pathways slice index; by
+        default ``get_slice_to_devices(jax.devices())``.
+    """
+
+    kind = "pathways"
+
+    def __init__(
+        self, health_checker: type | str | None = None, slice_to_devices: Mapping[int, Sequence[jax.Device]] | None = None
+    ):
+        self._elastic = _pathwaysutils_elastic()
+        if isinstance(health_checker, str):
+            module, _, name = health_checker.partition(":")
+            health_checker = getattr(importlib.import_module(module), name)
+        self.health_checker = health_checker or self._elastic.DefaultSliceHealthChecker
+        self._given_slices = slice_to_devices
+
+    def configure_jax(self) -> None:
+        """Let pathwaysutils set up JAX for Pathways (it does nothing unless ``JAX_PLATFORMS`` names ``proxy``)."""
+        importlib.import_module("pathwaysutils").initialize()
+
+    @property
+    def slice_indices(self) -> list[int]:
+        """Pathways' slice indices, in the order of our slices 0, 1, ..."""
+        return sorted(self._slice_to_devices())
+
+    def slice_devices(self) -> list[list[jax.Device]]:
+        """The devices of every slice, in slice-index order."""
+        mapping = self._slice_to_devices()
+        return [list(mapping[index]) for index in self.slice_indices]
+
+    def describe(self) -> dict:
+        """``kind``, ``slices`` and ``devices_per_slice``."""
+        devices = self.slice_devices()
+        return {"kind": self.kind, "slices": len(devices), "devices_per_slice": len(devices[0]) if devices else 0}
+
+    def healthy_slices(self) -> list[int]:
+        """The slices pathwaysutils' health checker finds active."""
+        mapping = self._slice_to_devices()
+        active = self._elastic.get_active_slice_indices(mapping, self.health_checker(mapping))
+        return [ours for ours, index in enumerate(self.slice_indices) if index in active]
+
+    @hookimpl(tryfirst=True)
+    def et_classify_failure(self, error: BaseException, step: int, phase: str) -> Failure | None:
+        """A slice-down error by pathwaysutils' rule (``DATA_LOSS``, and ``DEADLINE_EXCEEDED``,
+        ``NOT_FOUND`` or ``INTERNAL`` from the runtime) is elastic; anything else is left to the built-in classifier."""
+        if isinstance(error, Exception) and self._elastic.is_error_due_to_slice_down(error):
+            return Failure(error=error, step=step, phase=phase, elastic=True, kind="slice_lost",
+                           slices=tuple(getattr(error, "slices", ())))
+        return None
+
+    def _slice_to_devices(self) -> Mapping[int, Sequence[jax.Device]]:
+        if self._given_slices is None:
+            devices = jax.devices()
+            if not all(hasattr(device, "slice_index") for device in devices):
+                raise ConfigError(
+                    f"cluster=pathways needs devices with a slice index (TPU through Pathways, JAX_PLATFORMS=proxy), "
+                    f"but JAX's devices are {devices[0].platform} devices; use cluster=simulated here."
+                )
+            self._given_slices = self._elastic.get_slice_to_devices(devices)
+        return self._given_slices
