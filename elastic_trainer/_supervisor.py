@@ -60,7 +60,8 @@ def supervise(*, overrides: list[str], run_dir: Path, max_restarts: int, started
             status = 3
             break
         print(f"elastic_trainer: supervisor: restarting the worker (restart {attempt + 1})", flush=True)
-        resume = ["checkpoint.resume=true"]
+        # from the last complete checkpoint; a failure before the first one starts over from step 0
+        resume = ["checkpoint.resume=true"] if reports[-1]["failures"][-1]["restored_from"] == "checkpoint" else []
     report = merge_worker_reports(reports, ledgers, started_at=started_at)
     report_file.write_text(json.dumps(report, indent=2) + "\n")
     _merge_worker_events(run_dir, report, workers=len(reports))

@@ -54,9 +54,9 @@ class Chaos:
     :param random_down_for_s: how long a slice lost in random or periodic mode stays down.
     :param seed: seeds random and periodic modes; the same seed loses the same slices at the same steps.
 
-    Scheduled failures strike once per run: a resumed run (a restarted
-    worker) reads which already struck from ``chaos_fired.json`` in the run
-    directory.
+    Scheduled failures strike once per run: a run in the same directory (a
+    resumed run, a restarted worker) reads which already struck from
+    ``chaos_fired.json`` there.
     """
 
     name = "chaos"
@@ -87,7 +87,7 @@ class Chaos:
         """Check that the cluster can lose slices and has the ones scheduled."""
         if not hasattr(trainer.cluster, "fail_slice"):
             raise et.ConfigError(f"chaos needs a cluster that can lose slices (cluster=simulated), not {trainer.cluster.kind}.")
-        if trainer.resume and trainer.run_dir is not None and (trainer.run_dir / FIRED_FILE).exists():
+        if trainer.run_dir is not None and (trainer.run_dir / FIRED_FILE).exists():  # a resumed or restarted run
             fired = json.loads((trainer.run_dir / FIRED_FILE).read_text())
             self._fired, self._random_steps = set(fired["scheduled"]), set(fired["random_steps"])
         slices = len(trainer.cluster.slice_devices())
