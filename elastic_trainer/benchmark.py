@@ -160,7 +160,7 @@ def plot_goodput(rows: list[dict[str, Any]], path: Path) -> None:
     axes.set_ylabel("goodput (productive time / wall time)")
     axes.set_ylim(0, 1)
     axes.set_title("Goodput per strategy")
-    axes.legend(title="strategy", loc="lower left")
+    axes.legend(title="strategy", loc="upper left", bbox_to_anchor=(1.01, 1))
     figure.tight_layout()
     figure.savefig(path, dpi=100)
     plt.close(figure)
