@@ -16,7 +16,7 @@ from jax.sharding import Mesh
 from . import hookspecs
 from ._cluster import AbstractCluster
 from ._failures import ConfigError, PluginError, RecoveryPlan
-from ._plugins import GuardedHooks
+from ._plugins import GuardedHooks, answering
 from ._recovery import carry_out_waits, wait_for_slices
 
 T = TypeVar("T")
@@ -101,7 +101,10 @@ class ElasticRun:
         if plan is None:
             raise error
         if not isinstance(plan, RecoveryPlan):
-            raise PluginError(f"et_choose_recovery returned {plan!r}; a strategy must return an et.RecoveryPlan.")
+            raise PluginError(
+                f"{answering(self.plugin_manager, 'et_choose_recovery')} returned {plan!r} from et_choose_recovery; "
+                "a strategy must return an et.RecoveryPlan, or None to leave the decision to the next plugin."
+            )
         plan, healthy = carry_out_waits(
             plan, record, wait=lambda timeout_s: wait_for_slices(self.hook, self, timeout_s),
             restart=self._cannot_restart, error=error,

@@ -198,3 +198,13 @@ def _raiser(caller: pluggy.HookCaller, error: Exception) -> str:
         name = plugin_of_code.get(traceback.tb_frame.f_code, name)
         traceback = traceback.tb_next
     return name
+
+
+def answering(manager: pluggy.PluginManager, hook_name: str) -> str:
+    """Who answered a firstresult hook, for an error message: the plugin's name
+    when one implements it, else the names of all that do, first called first."""
+    names = [
+        impl.plugin_name for impl in reversed(getattr(manager.hook, hook_name).get_hookimpls())
+        if not (impl.hookwrapper or impl.wrapper)
+    ]
+    return f"plugin {names[0]!r}" if len(names) == 1 else f"one of the plugins {', '.join(map(repr, names))}"

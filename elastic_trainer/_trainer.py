@@ -12,7 +12,6 @@ from typing import Any, NamedTuple
 
 import equinox as eqx
 import jax
-import jax.numpy as jnp
 import numpy as np
 import optax
 import pluggy
@@ -29,13 +28,15 @@ from ._failures import (
     PluginError,
     RecoveryPlan,
     RestartRequested,
+    SliceLostError,
+    StepTimeoutError,
     TrainingStopped,
     check_at_least,
 )
 from ._goodput import GoodputClock
 from ._ledger import SampleLedger
 from ._mesh import DEVICE_AXIS, SLICE_AXIS, WithinSlice, batch_sharding, keep_slices
-from ._plugins import GuardedHooks, make_plugin_manager
+from ._plugins import GuardedHooks, answering, make_plugin_manager
 from ._recovery import carry_out_waits, wait_for_slices
 from ._state import TrainState, init_train_state
 from ._step import LossFn, make_step_fn
@@ -43,6 +44,23 @@ from ._step_cache import StepCache
 from ._watchdog import Watchdog
 from .hookspecs import PROJECT_NAME
 
+
+
+def _put(tree: PyTree, shardings: PyTree) -> PyTree:
+    """Place ``tree`` (the same values in every process) on ``shardings``.
+
+    Each process writes only its own devices' shards: with several
+    processes, ``jax.device_put`` would first check with a collective per
+    array that every process holds the same values.
+    """
+    if jax.process_count() == 1:
+        return jax.device_put(tree, shardings)
+
+    def put(leaf: jax.Array, sharding: jax.sharding.Sharding) -> jax.Array:
+        host = np.asarray(leaf)
+        return jax.make_array_from_callback(host.shape, sharding, lambda index: host[index])
+
+    return jax.tree.map(put, tree, shardings)
 
 
 def strategy_name(strategy: object) -> str:
@@ -160,6 +178,7 @@ class Trainer:
         self.failures: list[dict[str, Any]] = []
         self.ledger: SampleLedger | None = None  # the samples of committed steps, once fit starts
         self.resizes: list[dict[str, Any]] = []
+        self.skipped_saves: list[int] = []  # checkpoint steps the cluster could not save
 
     @property
     def hook(self) -> GuardedHooks:
@@ -190,6 +209,7 @@ class Trainer:
             arrays, self._static = eqx.partition(state, eqx.is_array)
             self._step_fn = make_step_fn(self.loss_fn, self.optimizer, self._static)
             sample = np.asarray(self.data.get_batch(np.zeros(1, dtype=np.int64)))
+            self._sample_shape = sample.shape[1:]
             self._steps = StepCache(self._step_fn, arrays, sample, within_slice=self.within_slice)
             self._snapshot: tuple[int, PyTree] | None = None  # (step, host arrays)
             self._snapshot_in_flight: tuple[int, PyTree] | None = None  # (step, device arrays being copied)
@@ -197,9 +217,10 @@ class Trainer:
             self._step_seconds: dict[int, float] = {}
         self._incarnations = self.cluster.incarnations()  # as of the last good state
         self._state_is_whole = True  # False while the arrays hold no trained state (a failed resume)
-        layout = self._layout(tuple(range(len(self.cluster.slice_devices()))), plan=None)
+        self._all_slices = list(range(len(self.cluster.slice_devices())))
+        layout = self._layout(tuple(self._all_slices), plan=None)
         with clock.measure("startup"):
-            arrays = jax.device_put(arrays, layout.shardings)
+            arrays = _put(arrays, layout.shardings)
             self._compile_likely_layouts(layout)
         step = position = 0
         self.ledger = SampleLedger(self.data.num_samples, seed=self.seed, start_position=0)
@@ -278,14 +299,22 @@ class Trainer:
         failure must surface at the step it belongs to, so that the state
         before it is known to be whole.
         """
-        batch = jax.device_put(self.data.get_batch(ids), batch_sharding(layout.mesh))
-        new_arrays, metrics = layout.compiled(arrays, batch, jnp.float32(layout.lr_scale))
+        # each process reads only the samples of its own devices' shards
+        batch = jax.make_array_from_callback(
+            (len(ids), *self._sample_shape), batch_sharding(layout.mesh), lambda index: self.data.get_batch(ids[index[0]])
+        )
+        new_arrays, metrics = layout.compiled(arrays, batch, np.float32(layout.lr_scale))
 
         def wait_for_step() -> None:
             jax.block_until_ready(new_arrays)
             self.cluster.check_step(layout.slices, since=self._incarnations)
 
-        self._watchdog.wait(wait_for_step)
+        try:
+            self._watchdog.wait(wait_for_step)
+        except Exception as error:
+            if isinstance(error, StepTimeoutError) or not isinstance(error, SliceLostError):
+                self.cluster.explain_failure(error, layout.slices, since=self._incarnations)
+            raise
         return new_arrays, metrics
 
     # ------------------------------------------------------------------ layouts
@@ -306,7 +335,8 @@ class Trainer:
         all_devices = self.cluster.slice_devices()
         for slices in (s for layouts in self.hook.et_likely_layouts(trainer=self) for s in layouts):
             mesh = self._make_mesh([all_devices[i] for i in sorted(slices)])
-            if mesh.size and layout.batch_size % mesh.size == 0:
+            local = any(device.process_index == jax.process_index() for device in mesh.devices.flat)
+            if mesh.size and layout.batch_size % mesh.size == 0 and local:  # a mesh without us is not ours to run
                 self._steps.compile_ahead(mesh, layout.batch_size)
 
     def _make_mesh(self, slice_devices: list[list[jax.Device]]) -> Mesh:
@@ -358,7 +388,7 @@ class Trainer:
         self, error: Exception, *, step: int, phase: str, arrays: PyTree, layout: _Layout
     ) -> tuple[PyTree, _Layout]:
         """Classify the failure, let the strategy plan, and carry the plan out."""
-        failed_at = time.time()
+        failed_at = getattr(error, "occurred_at", None) or time.time()  # a process death is stamped when it died
         clock = self._clock
         with clock.measure("detection"):
             failure: Failure = self.hook.et_classify_failure(error=error, step=step, phase=phase)
@@ -380,10 +410,18 @@ class Trainer:
                 "the traditional way; select one with +strategy=NAME to keep training through failures."
             ) from error
         if not isinstance(plan, RecoveryPlan):
-            raise PluginError(f"et_choose_recovery returned {plan!r}; a strategy must return an et.RecoveryPlan.")
+            raise PluginError(
+                f"{answering(self.plugin_manager, 'et_choose_recovery')} returned {plan!r} from et_choose_recovery; "
+                "a strategy must return an et.RecoveryPlan, or None to leave the decision to the next plugin."
+            )
+        def wait(timeout_s: float) -> list[int]:
+            if timeout_s and not self.cluster.lost_slices_rejoin and self.cluster.healthy_slices() != self._all_slices:
+                record["regrouped"] = True  # lost processes cannot rejoin the running job: re-form the whole job
+                self._restart(record, step=step, error=error)
+            return self._wait_for_slices(timeout_s)
+
         plan, healthy = carry_out_waits(
-            plan, record, wait=self._wait_for_slices, restart=lambda: self._restart(record, step=step, error=error),
-            error=error,
+            plan, record, wait=wait, restart=lambda: self._restart(record, step=step, error=error), error=error
         )
         lost = self._lost_slices(layout, lost)  # slices may also have failed while recovering
         arrays = self.cluster.surviving(arrays, lost)  # what lived on lost slices is gone
@@ -521,7 +559,16 @@ class Trainer:
     # ------------------------------------------------------------------ checkpoints
 
     def _save(self, step: int, arrays: PyTree, position: int) -> None:
-        """Save ``step``; if a slice is lost meanwhile, the save is discarded and the failure raised."""
+        """Save ``step``; if a slice is lost meanwhile, the save is discarded and the failure raised.
+
+        When the cluster cannot save now, the step is skipped, with a warning the first time.
+        """
+        reason = self.cluster.checkpoint_blocker()
+        if reason is not None:
+            if not self.skipped_saves:
+                warnings.warn(f"checkpoints are skipped from step {step} on: {reason}", CheckpointWarning, stacklevel=2)
+            self.skipped_saves.append(step)
+            return
         began = time.time()
         self.hook.et_before_checkpoint_save(trainer=self, step=step)
         self.checkpointer.save(step, arrays, self._checkpoint_metadata(step, position))
@@ -544,6 +591,7 @@ class Trainer:
             "step": step,
             "data_position": position,
             "seed": self.seed,
+            "num_samples": self.data.num_samples,
             "global_batch_size": self.global_batch_size,
             "cluster": self.cluster.describe(),
             "slices": list(self.slices),
@@ -566,28 +614,53 @@ class Trainer:
             return self._survive(error, step=step, phase="checkpoint_restore", arrays=arrays, layout=layout)
 
     def _restore_checkpoint(self, like: PyTree, layout: _Layout) -> PyTree:
-        """Restore the newest readable checkpoint; an unreadable one is skipped with a warning."""
+        """Restore the newest readable checkpoint.
+
+        Unreadable ones (truncated, corrupt) are skipped, and named in a
+        warning once an older one was read, or in the error when none was;
+        their files are left as they are. A checkpoint of another model, or of
+        another data order, is a :class:`ConfigError`.
+        """
+        skipped = []
         for step in self.checkpointer.steps_newest_first():
             self.hook.et_before_restore(trainer=self, step=step, source="checkpoint")
             try:
-                arrays, _ = self.checkpointer.restore(step, like=like)
+                arrays, metadata = self.checkpointer.restore(step, like=like)
+            except ConfigError:
+                raise  # another model's checkpoint: the wrong directory or model, not damage
             except Exception as error:  # noqa: BLE001 - a truncated or corrupt checkpoint: try the one before
+                self.checkpointer.mark_unreadable(step)
+                skipped.append((step, type(error).__name__))
+                continue
+            self._check_same_data(step, metadata)
+            for bad_step, why in skipped:
                 warnings.warn(
-                    f"the checkpoint of step {step} in {self.checkpointer.directory} is unreadable "
-                    f"({type(error).__name__}); skipping it for the one before.",
+                    f"the checkpoint of step {bad_step} in {self.checkpointer.directory} is unreadable "
+                    f"({why}); skipping it for the one before.",
                     CheckpointWarning,
                     stacklevel=2,
                 )
-                continue
             self.cluster.check_step(layout.slices, since=self._incarnations)
             self.hook.et_after_restore(
                 trainer=self, step=step, source="checkpoint", state=eqx.combine(arrays, self._static)
             )
             return arrays
+        unreadable = f" (unreadable: {', '.join(f'step {s} ({why})' for s, why in skipped)})" if skipped else ""
         raise ConfigError(
-            f"checkpoint.resume is set but {self.checkpointer.directory} holds no complete, readable checkpoint; "
-            "point checkpoint.dir at a run's checkpoints, or drop checkpoint.resume to start afresh."
+            f"checkpoint.resume is set but {self.checkpointer.directory} holds no complete, readable checkpoint"
+            f"{unreadable}; point checkpoint.dir at a run's checkpoints, or drop checkpoint.resume to start afresh."
         )
+
+    def _check_same_data(self, step: int, metadata: dict[str, Any]) -> None:
+        """Raise :class:`ConfigError` when the checkpoint was trained on another sample order than this run's."""
+        for name, ours in (("seed", self.seed), ("num_samples", self.data.num_samples)):
+            theirs = metadata.get(name, ours)  # older checkpoints lack num_samples
+            if theirs != ours:
+                raise ConfigError(
+                    f"the checkpoint of step {step} in {self.checkpointer.directory} was trained with {name}={theirs} "
+                    f"and this run has {name}={ours}, which changes the order of the samples; resume with the same "
+                    "seed and data, or choose another checkpoint.dir."
+                )
 
     # ------------------------------------------------------------------ report
 
@@ -606,6 +679,7 @@ class Trainer:
             "compile_cache": {"compiled_ahead": self._steps.compiled_ahead, "saved_s": self._steps.saved_s},
             "checkpoint": None if self.checkpointer is None else self.checkpointer.describe(),
             "resumed_from": self._resumed_from,
+            "checkpoint_saves_skipped": self.skipped_saves,
             "samples": self.ledger.counts(position),
             "data_position": position,
             "started_at": self._clock.started_at,

@@ -165,3 +165,27 @@ def test_a_raising_observer_is_named_and_the_training_state_is_unchanged(tiny_tr
     arrays = [jax.tree.leaves(eqx.filter(s, eqx.is_array)) for s in (uninterrupted, result.state)]
     for a, b in zip(*arrays, strict=True):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
+class BrokenStrategy:
+    name = "broken"
+
+    @et.hookimpl
+    def et_choose_recovery(self):
+        return "retry"
+
+
+class LoseSlice1AtStep2:
+    @et.hookimpl
+    def et_step_start(self, trainer, step):
+        if step == 2:
+            trainer.cluster.fail_slice(1, down_for_s=1e9)
+
+
+def test_a_strategy_returning_an_invalid_plan_is_named(tiny_trainer_kwargs):
+    trainer = et.Trainer(**tiny_trainer_kwargs(strategy=BrokenStrategy(), plugins=[LoseSlice1AtStep2()]))
+    with pytest.raises(et.PluginError) as error:
+        trainer.fit()
+    assert str(error.value).startswith(
+        "plugin 'strategy:broken' returned 'retry' from et_choose_recovery; a strategy must return an et.RecoveryPlan"
+    )
