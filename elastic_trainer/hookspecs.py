@@ -74,13 +74,13 @@ def et_step_start(trainer: Trainer, step: int) -> None:
 
 @hookspec
 def et_step_end(trainer: Trainer, step: int, metrics: dict[str, jax.Array]) -> None:
-    """Called after each train step has been dispatched.
+    """Called after each train step has completed on every slice in use.
 
     :param trainer: the running trainer.
     :param step: the number of steps completed, counting this one (1-based).
     :param metrics: the step's metrics (``loss`` at least) as device arrays.
-        Reading a value (``float(metrics["loss"])``) waits for the step to
-        finish, so read them only as often as you need them.
+        Reading one (``float(metrics["loss"])``) copies it to the host, so
+        read them only as often as you need them.
 
     Return value is ignored. Called on the training thread: keep it cheap.
     """
@@ -105,11 +105,12 @@ def et_run_end(trainer: Trainer, report: dict[str, Any]) -> None:
 
 @hookspec(firstresult=True)
 def et_classify_failure(error: BaseException, step: int, phase: str) -> Failure | None:
-    """Called when a step raises, to decide whether the failure is elastic.
+    """Called when a step, a save, a restore or a recovery raises, to decide whether the failure is elastic.
 
-    :param error: the exception the step raised.
+    :param error: the exception raised.
     :param step: the number of steps completed before the failed one.
-    :param phase: what was running: ``"train_step"`` for the train step.
+    :param phase: what was running: ``"train_step"``, ``"checkpoint_save"``,
+        ``"checkpoint_restore"`` or ``"recovery"`` (a failure while recovering).
 
     Return a :class:`~elastic_trainer.Failure` (``elastic=True`` when a strategy
     may recover from it, with the lost slices if known), or ``None`` to let the
