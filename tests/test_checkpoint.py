@@ -13,13 +13,19 @@ def params_of(state):
     return jax.tree.leaves(eqx.filter(state.params, eqx.is_array))
 
 
-@pytest.mark.parametrize("slices", [2, 3])
-def test_saved_on_four_slices_resumed_on_fewer_continues_the_same_run(tiny_trainer_kwargs, tmp_path, slices):
+@pytest.mark.parametrize(
+    ("saved_on", "resumed_on"),
+    [((4, 2), (2, 2)), ((4, 2), (3, 2)), ((4, 2), (2, 4)), ((2, 2), (4, 2))],
+    ids=["fewer_slices", "three_slices", "other_devices_per_slice", "more_slices"],
+)
+def test_a_checkpoint_resumes_on_another_mesh_and_continues_the_same_run(tiny_trainer_kwargs, tmp_path, saved_on, resumed_on):
     uninterrupted = et.Trainer(**tiny_trainer_kwargs(steps=6, global_batch_size=24)).fit()
-    et.Trainer(**tiny_trainer_kwargs(steps=4, global_batch_size=24, checkpointer=et.Checkpointer(tmp_path, period=2))).fit()
+    et.Trainer(**tiny_trainer_kwargs(
+        steps=4, global_batch_size=24, cluster=et.SimulatedCluster(*saved_on), checkpointer=et.Checkpointer(tmp_path, period=2),
+    )).fit()
     resumed = et.Trainer(
         **tiny_trainer_kwargs(
-            steps=6, global_batch_size=24, cluster=et.SimulatedCluster(slices=slices, devices_per_slice=2),
+            steps=6, global_batch_size=24, cluster=et.SimulatedCluster(*resumed_on),
             checkpointer=et.Checkpointer(tmp_path, period=2), resume=True,
         )
     ).fit()
