@@ -2,15 +2,21 @@
 
 from __future__ import annotations
 
+import os
+import warnings
 from pathlib import Path
 from typing import Any, Literal
 
 import jax
+import numpy as np
 import orbax.checkpoint as ocp
 from jaxtyping import PyTree
 
-from ._failures import ConfigError, check_at_least
+from ._failures import CheckpointWarning, ConfigError, check_at_least
 from ._period import YoungDalyPeriod
+
+UNREADABLE_SUFFIX = ".unreadable"
+"""An unreadable checkpoint that a resumed run reaches again is moved aside to ``<step>.unreadable``."""
 
 
 class Checkpointer:
@@ -24,6 +30,12 @@ class Checkpointer:
     devices, and Orbax commits the files in the background. A restore targets
     abstract arrays with the current shardings, so a checkpoint loads onto
     any mesh.
+
+    The directory must be a writable directory (it is created if missing), or
+    the constructor raises :class:`ConfigError`. A checkpoint found
+    unreadable is marked with :meth:`mark_unreadable`: it is no longer listed,
+    and it is never deleted or overwritten (a save of its step first moves it
+    aside, to ``<step>.unreadable``).
 
     :param directory: where the checkpoints go (one folder per step).
     :param period: save every this many steps, or ``"auto"``.
@@ -45,9 +57,11 @@ class Checkpointer:
         check_period(period)
         check_at_least("checkpoint.max_to_keep", max_to_keep, 1)
         self.directory = Path(directory).absolute()
+        _check_directory(self.directory)
         self.period = period
         self.auto_period = YoungDalyPeriod(mtbf_s) if period == "auto" else None
         self._next_auto_step = 1  # the first save measures what a save costs
+        self._unreadable: set[int] = set()
         self.manager = ocp.CheckpointManager(
             self.directory,
             options=ocp.CheckpointManagerOptions(
@@ -79,6 +93,8 @@ class Checkpointer:
 
     def save(self, step: int, arrays: PyTree, metadata: dict[str, Any]) -> None:
         """Start saving ``arrays`` and ``metadata`` as step ``step``."""
+        if step in self._unreadable:
+            self._move_aside(step)
         self.manager.save(
             step,
             args=ocp.args.Composite(state=ocp.args.PyTreeSave(arrays), metadata=ocp.args.JsonSave(metadata)),
@@ -100,19 +116,61 @@ class Checkpointer:
             self.manager.delete(step)
 
     def steps_newest_first(self) -> list[int]:
-        """Every committed step, newest first."""
-        return sorted(self.manager.all_steps(), reverse=True)
+        """Every committed step not marked unreadable, newest first."""
+        return sorted((s for s in self.manager.all_steps() if s not in self._unreadable), reverse=True)
 
     def latest_step(self) -> int | None:
-        """The newest step that Orbax committed, or ``None``."""
-        return self.manager.latest_step()
+        """The newest step that Orbax committed and that is not marked unreadable, or ``None``."""
+        steps = self.steps_newest_first()
+        return steps[0] if steps else None
+
+    def mark_unreadable(self, step: int) -> None:
+        """Stop offering step ``step`` for restores; its files stay as they are."""
+        self._unreadable.add(step)
 
     def restore(self, step: int, like: PyTree) -> tuple[PyTree, dict[str, Any]]:
-        """Load step ``step`` into arrays shaped and sharded like ``like``; returns them and the metadata."""
+        """Load step ``step`` into arrays shaped and sharded like ``like``; returns them and the metadata.
+
+        Raises :class:`ConfigError` when the checkpoint holds another model's
+        state (other arrays, shapes or dtypes), before reading any array.
+        """
+        self._check_same_state(step, like)
         abstract = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=a.sharding), like)
         state = ocp.args.PyTreeRestore(abstract, restore_args=ocp.checkpoint_utils.construct_restore_args(abstract))
         restored = self.manager.restore(step, args=ocp.args.Composite(state=state, metadata=ocp.args.JsonRestore()))
         return restored.state, restored.metadata
+
+    def _check_same_state(self, step: int, like: PyTree) -> None:
+        """Raise :class:`ConfigError` unless step ``step`` holds arrays with ``like``'s names, shapes and dtypes."""
+        stored = _flat_arrays(self.manager.item_metadata(step)["state"])
+        wanted = _flat_arrays(like)
+        if not stored:
+            return  # no array metadata to compare with: Orbax's own restore decides
+        difference = _first_difference(stored, wanted)
+        if difference:
+            raise ConfigError(
+                f"the checkpoint of step {step} in {self.directory} holds another model's state ({difference}); "
+                "resume with the model and optimizer it was saved with, or choose another checkpoint.dir."
+            )
+
+    def _move_aside(self, step: int) -> None:
+        """Move the unreadable checkpoint of ``step`` to ``<step>.unreadable``, so a new save of ``step`` can go ahead."""
+        source = self.directory / str(step)
+        target = self.directory / f"{step}{UNREADABLE_SUFFIX}"
+        number = 1
+        while target.exists():
+            number += 1
+            target = self.directory / f"{step}{UNREADABLE_SUFFIX}{number}"
+        if source.exists():
+            source.rename(target)
+            warnings.warn(
+                f"the unreadable checkpoint of step {step} was moved aside to {target}, untouched, "
+                f"to save step {step} anew.",
+                CheckpointWarning,
+                stacklevel=3,
+            )
+        self.manager.reload()
+        self._unreadable.discard(step)
 
     def wait(self) -> None:
         """Block until every started save is committed."""
@@ -137,6 +195,55 @@ def _state_handler() -> ocp.PyTreeCheckpointHandler:
         (jax.Array, ocp.type_handlers.ArrayHandler(use_replica_parallel=False))
     )
     return ocp.PyTreeCheckpointHandler(type_handler_registry=registry)
+
+
+def _check_directory(directory: Path) -> None:
+    """Raise :class:`ConfigError` unless ``directory`` is, or can be created as, a writable directory."""
+    if directory.exists() and not directory.is_dir():
+        raise ConfigError(f"checkpoint.dir {directory} is a file, not a directory; point checkpoint.dir at a directory.")
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise ConfigError(
+            f"checkpoint.dir {directory} cannot be created ({error.strerror}); choose a directory you can write to."
+        ) from error
+    if not os.access(directory, os.W_OK | os.X_OK):
+        raise ConfigError(
+            f"checkpoint.dir {directory} is not writable; fix its permissions or choose another checkpoint.dir."
+        )
+
+
+def _flat_arrays(tree: PyTree) -> dict[str, tuple[tuple[int, ...], np.dtype] | None]:
+    """``{"params.layer.weight": (shape, dtype)}`` for the arrays of ``tree`` (or of Orbax's metadata of it).
+
+    PRNG keys map to ``None``: Orbax stores their raw data, of another shape and dtype.
+    """
+    tree = getattr(tree, "tree", tree)  # Orbax's TreeMetadata wraps the tree
+    flat = ocp.tree.to_flat_dict(tree, is_leaf=lambda leaf: hasattr(leaf, "shape") and hasattr(leaf, "dtype"))
+    arrays = {}
+    for path, leaf in flat.items():
+        dtype = getattr(leaf, "dtype", None)
+        if hasattr(leaf, "shape") and dtype is not None:
+            key = jax.dtypes.issubdtype(dtype, jax.dtypes.prng_key)
+            arrays[".".join(str(part) for part in path)] = None if key else (tuple(leaf.shape), np.dtype(dtype))
+    return arrays
+
+
+def _first_difference(stored: dict, wanted: dict) -> str | None:
+    """The first way ``stored`` and ``wanted`` (from :func:`_flat_arrays`) differ, in words, or ``None``."""
+    for name in sorted(set(stored) | set(wanted), key=lambda name: (not name.startswith("params."), name)):
+        if name not in wanted:
+            return f"{name} is in the checkpoint but not in this run"
+        if name not in stored:
+            return f"{name} is in this run but not in the checkpoint"
+        if stored[name] is None or wanted[name] is None:
+            continue
+        (stored_shape, stored_dtype), (shape, dtype) = stored[name], wanted[name]
+        if stored_shape != shape:
+            return f"{name} has shape {stored_shape} there and {shape} in this run"
+        if stored_dtype != dtype:
+            return f"{name} has dtype {stored_dtype} there and {dtype} in this run"
+    return None
 
 
 def check_period(period: object) -> None:

@@ -10,18 +10,19 @@ from pathlib import Path
 
 import hydra
 import psutil
-from hydra import initialize_config_module
+from hydra import compose, initialize_config_module
 from hydra.core.global_hydra import GlobalHydra
 from hydra.core.hydra_config import HydraConfig
 from hydra.core.object_type import ObjectType
 from hydra.types import RunMode
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.override_parser.types import OverrideType
-from hydra.errors import HydraException
+from hydra.errors import ConfigCompositionException, HydraException
 from hydra.plugins.config_source import ConfigSource
 from omegaconf import DictConfig
+from omegaconf.errors import OmegaConfBaseException
 
-from ._config import build_strategy, build_trainer, register_configs
+from ._config import build_strategy, build_trainer, omegaconf_message, register_configs
 from ._failures import ConfigError, PluginError, RestartRequested, TrainingStopped
 from ._plugins import DISABLE_AUTOLOAD_ENV, ENTRY_POINT_GROUP, LOAD_PLUGINS_ENV, describe_plugins, make_plugin_manager
 from ._supervisor import RESTART_EXIT_CODE, is_worker, supervise
@@ -119,6 +120,34 @@ def check_group_choices(overrides: list[str]) -> None:
                     raise ConfigError(_unknown_option_message(group, str(choice), options, prefix=prefix))
 
 
+def check_values(overrides: list[str]) -> None:
+    """Raise :class:`ConfigError` when an override's value does not fit its schema (``trainer.steps=ten``).
+
+    Hydra reports this too, but in several lines and with exit status 1; this
+    composes the config first and says it in one sentence. Sweeps are left to
+    Hydra, which expands them first.
+    """
+    arguments = [o for o in overrides if not o.startswith("-")]
+    if len(arguments) < len(overrides) or any(o.startswith("hydra.searchpath") for o in arguments):
+        return  # -m, --cfg job, --config-dir ..., options from other search paths: Hydra's own business
+    try:
+        if any(o.is_sweep_override() for o in OverridesParser.create().parse_overrides(arguments)):
+            return
+    except HydraException:
+        return  # a syntax error: Hydra explains it
+    with initialize_config_module(CONFIG_MODULE, version_base=None):
+        try:
+            compose("config", overrides=arguments)
+        except ConfigCompositionException as error:
+            cause = error.__cause__
+            if isinstance(cause, OmegaConfBaseException) and cause.full_key:
+                override = str(error).removeprefix("Error merging override ").split("=")[0].lstrip("+~")
+                key = cause.full_key if cause.full_key.startswith(override) else f"{override} ({cause.full_key})"
+                raise ConfigError(omegaconf_message(cause, key)) from error
+        except Exception:  # noqa: BLE001 - anything else: Hydra composes again and explains it
+            return
+
+
 def _unknown_option_message(group: str, choice: str, options: list[str], *, prefix: str) -> str:
     if not options:
         return f"there is no {group} {choice!r}: no {group} options are installed."
@@ -184,6 +213,7 @@ def main() -> None:
     register_configs()
     try:
         check_group_choices(sys.argv[1:])
+        check_values(sys.argv[1:])
     except ConfigError as error:
         _fail(str(error))
     _app()

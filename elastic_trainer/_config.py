@@ -11,9 +11,10 @@ from hydra.core.config_store import ConfigStore
 from hydra.errors import InstantiationException
 from hydra.utils import instantiate
 from omegaconf import MISSING, DictConfig, OmegaConf
-from omegaconf.errors import OmegaConfBaseException
+from omegaconf.errors import MissingMandatoryValue, OmegaConfBaseException
 
 from ._checkpoint import Checkpointer, check_period
+from ._data import StdlibText
 from ._failures import ConfigError, check_at_least
 from ._period import check_mtbf
 from ._trainer import Trainer
@@ -37,6 +38,11 @@ class TrainerConfig:
         check_at_least("trainer.step_timeout_s", self.step_timeout_s, 0)
         if self.within_slice not in ("replicated", "sharded"):
             raise ConfigError(f"trainer.within_slice must be 'replicated' or 'sharded', got {self.within_slice!r}.")
+        if self.compilation_cache_dir and Path(self.compilation_cache_dir).is_file():
+            raise ConfigError(
+                f"trainer.compilation_cache_dir {self.compilation_cache_dir} is a file, not a directory; "
+                "point it at a directory."
+            )
 
 
 @dataclasses.dataclass
@@ -218,6 +224,9 @@ class ChaosConfig:
     seed: int = 0
     steps_per_failure: int = 0
 
+    def __post_init__(self):
+        check_at_least("chaos.seed", self.seed, 0)  # numpy seeds must not be negative
+
 
 @dataclasses.dataclass
 class Config:
@@ -233,6 +242,17 @@ class Config:
     loss: Any = MISSING
     strategy: Any = None
     chaos: Any = None
+
+    def __post_init__(self):
+        check_at_least("seed", self.seed, 0)  # numpy seeds the data order, and its seeds must not be negative
+        if isinstance(self.model, TransformerConfig) and isinstance(self.data, StdlibTextConfig):
+            if self.model.seq_len < self.data.seq_len:
+                raise ConfigError(f"model.seq_len ({self.model.seq_len}) must be at least data.seq_len "
+                                  f"({self.data.seq_len}); it follows data.seq_len unless set.")
+            if self.model.vocab_size < StdlibText.vocab_size:
+                raise ConfigError(f"model.vocab_size ({self.model.vocab_size}) must be at least the data's "
+                                  f"{StdlibText.vocab_size} tokens; byte-level text needs {StdlibText.vocab_size}.")
+
 
 
 def register_configs() -> None:
@@ -268,7 +288,7 @@ def build_trainer(
     try:
         OmegaConf.to_object(cfg)
     except OmegaConfBaseException as error:
-        raise ConfigError(f"{error.msg} (at {error.full_key})") from error
+        raise ConfigError(omegaconf_message(error)) from error
     cluster = _instantiate(cfg, "cluster")
     cluster.configure_jax()
     if cfg.trainer.compilation_cache_dir:
@@ -294,6 +314,15 @@ def build_trainer(
     )
 
 
+def omegaconf_message(error: OmegaConfBaseException, key: str | None = None) -> str:
+    """One sentence for an OmegaConf error: the key (``key``, else the error's), and what is wrong with its value."""
+    key = key or error.full_key
+    if isinstance(error, MissingMandatoryValue):
+        return f"{key} has no value; give it one."
+    first = str(error.msg).splitlines()[0].rstrip(".")
+    return f"{key}: {first[:1].lower()}{first[1:]}."
+
+
 def build_strategy(cfg: DictConfig) -> object | None:
     """The strategy plugin ``cfg.strategy`` describes, or ``None``."""
     return None if cfg.strategy is None else _instantiate(cfg, "strategy")
@@ -315,4 +344,11 @@ def _instantiate(cfg: DictConfig, section: str, **kwargs: Any) -> Any:
         cause = error.__cause__
         if isinstance(cause, ConfigError):
             raise cause from None
-        raise ConfigError(f"could not build {section} from its config ({cfg[section].get('_target_')}): {cause or error}") from error
+        root = error  # the first error in the chain, in one line: Hydra's own messages run over several
+        while root.__cause__ is not None:
+            root = root.__cause__
+        detail = (str(root).splitlines() or [""])[0].rstrip(".")
+        raise ConfigError(
+            f"could not build {section} from its config ({cfg[section].get('_target_')}): "
+            f"{type(root).__name__}: {detail}."
+        ) from error

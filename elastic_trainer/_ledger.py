@@ -53,11 +53,18 @@ class SampleLedger:
         return ledger
 
     def extend(self, arrays: dict[str, np.ndarray]) -> None:
-        """Add the committed steps of another ledger (an earlier worker of the same run)."""
-        ids = np.split(arrays["ids"], np.cumsum(arrays["sizes"])[:-1]) if len(arrays["steps"]) else []
+        """Add the committed steps of another ledger (an earlier worker of the same run).
+
+        A ledger without steps (a worker that failed before its first step,
+        while restoring, say) says nothing about where the run started.
+        """
+        if not len(arrays["steps"]):
+            return
+        start = int(arrays["start_position"])
+        self.start_position = min(self.start_position, start) if self._ids_by_step else start
+        ids = np.split(arrays["ids"], np.cumsum(arrays["sizes"])[:-1])
         for step, step_ids in zip(arrays["steps"].tolist(), ids, strict=True):
             self._ids_by_step[step] = step_ids
-        self.start_position = min(self.start_position, int(arrays["start_position"]))
 
     def end_position(self) -> int:
         """The data position after the committed steps, if they follow one another."""
