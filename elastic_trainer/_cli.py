@@ -22,15 +22,18 @@ from hydra.plugins.config_source import ConfigSource
 from omegaconf import DictConfig
 from omegaconf.errors import OmegaConfBaseException
 
-from ._config import build_strategy, build_trainer, omegaconf_message, register_configs
+from ._config import build_strategy, build_trainer, check_config, omegaconf_message, register_configs
 from ._failures import ConfigError, PluginError, RestartRequested, TrainingStopped
 from ._plugins import DISABLE_AUTOLOAD_ENV, ENTRY_POINT_GROUP, LOAD_PLUGINS_ENV, describe_plugins, make_plugin_manager
+from ._launcher import launch
+from ._processes import Terminated
 from ._supervisor import RESTART_EXIT_CODE, is_worker, supervise
 
 CONFIG_MODULE = "elastic_trainer_conf"
 LIST_PLUGINS = "--list-plugins"
 EXIT_BAD_INPUT = 2
 EXIT_TRAINING_STOPPED = 3
+EXIT_TERMINATED = 143  # 128 + SIGTERM, as a shell reports a process ended by SIGTERM
 
 
 def _job_started_at() -> float:
@@ -49,6 +52,19 @@ def _app(cfg: DictConfig) -> None:
     hydra_cfg = HydraConfig.get()
     try:
         strategy = build_strategy(cfg)
+        if cfg.cluster.get("launcher") == "local" and not is_worker():  # start the processes of a multi-process job
+            check_config(cfg)
+            if cfg.checkpoint.period == "auto":
+                raise ConfigError(
+                    "checkpoint.period=auto does not work with several processes (each would choose its own "
+                    "period from its own measurements, and Orbax saves together); give a number of steps."
+                )
+            _end_job(launch(
+                overrides=list(hydra_cfg.overrides.task), run_dir=Path(hydra_cfg.runtime.output_dir),
+                num_processes=cfg.cluster.num_processes, max_restarts=getattr(strategy, "max_restarts", 10),
+                started_at=started_at,
+            ))
+            return
         if getattr(strategy, "restarts_process", False) and not is_worker():
             _end_job(supervise(
                 overrides=list(hydra_cfg.overrides.task), run_dir=Path(hydra_cfg.runtime.output_dir),
@@ -216,5 +232,8 @@ def main() -> None:
         check_values(sys.argv[1:])
     except ConfigError as error:
         _fail(str(error))
-    _app()
+    try:
+        _app()
+    except Terminated:
+        sys.exit(EXIT_TERMINATED)  # the workers were killed on the way out
     sys.exit(_worst_job_status)

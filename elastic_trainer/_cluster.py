@@ -18,6 +18,11 @@ class AbstractCluster(abc.ABC):
 
     kind: str
 
+    lost_slices_rejoin: bool = True
+    """Whether a lost slice can come back into the running job. If not, a
+    strategy that waits for lost slices re-forms the whole job instead: the
+    processes exit to be restarted together (see :class:`RecoveryPlan`)."""
+
     @abc.abstractmethod
     def configure_jax(self) -> None:
         """Configure JAX for this cluster; call before JAX's backend starts."""
@@ -49,6 +54,23 @@ class AbstractCluster(abc.ABC):
         started from. Real runtimes raise from the step itself, so by default
         this does nothing.
         """
+
+    def step_dispatched(self) -> None:
+        """Called on the training thread each time a step has been dispatched; by default nothing."""
+
+    def explain_failure(
+        self, error: Exception, slices: Sequence[int], *, since: tuple[int, ...], pending: PyTree
+    ) -> None:
+        """A step on ``slices`` raised ``error``; raise a ``DATA_LOSS`` error instead if lost slices explain it.
+
+        Called on the training thread when a step's wait raised (a timeout
+        included); ``since`` is as for :meth:`check_step`, ``pending`` the
+        failed step's outputs. By default the error stands as it is.
+        """
+
+    def checkpoint_blocker(self) -> str | None:
+        """Why no checkpoint can be saved now (one sentence), or ``None`` when saves work; by default they do."""
+        return None
 
     def surviving(self, tree: PyTree, lost_slices: Sequence[int]) -> PyTree:
         """What is left of ``tree`` once ``lost_slices`` are gone.

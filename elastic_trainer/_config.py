@@ -79,6 +79,32 @@ class SimulatedClusterConfig:
 
 
 @dataclasses.dataclass
+class MultiprocessClusterConfig:
+    """``cluster=multiprocess``: slices made of JAX processes (``jax.distributed``)."""
+
+    _target_: str = "elastic_trainer.MultiprocessCluster"
+    num_processes: int = 2
+    devices_per_process: int | None = 2
+    processes_per_slice: int = 1
+    heartbeat_timeout_s: int = 5
+    collective_timeout_s: int = 10
+    initialization_timeout_s: int = 120
+    platform: str | None = "cpu"
+    launcher: str = "local"
+
+    def __post_init__(self):
+        check_at_least("cluster.num_processes", self.num_processes, 1)
+        check_at_least("cluster.processes_per_slice", self.processes_per_slice, 1)
+        if self.num_processes % self.processes_per_slice:
+            raise ConfigError(
+                f"cluster.processes_per_slice ({self.processes_per_slice}) must divide "
+                f"cluster.num_processes ({self.num_processes})."
+            )
+        if self.launcher not in ("local", "none"):
+            raise ConfigError(f"cluster.launcher must be 'local' or 'none', got {self.launcher!r}.")
+
+
+@dataclasses.dataclass
 class TransformerConfig:
     """``model=transformer``: the default decoder-only language model."""
 
@@ -261,6 +287,7 @@ def register_configs() -> None:
     store.store(name="base_config", node=Config)
     for group, name, node in (
         ("cluster", "simulated", SimulatedClusterConfig),
+        ("cluster", "multiprocess", MultiprocessClusterConfig),
         ("cluster", "pathways", PathwaysClusterConfig),
         ("model", "transformer", TransformerConfig),
         ("data", "stdlib_text", StdlibTextConfig),
@@ -285,10 +312,7 @@ def build_trainer(
     Raises :class:`ConfigError` with one sentence for any bad value. The
     cluster configures JAX before anything else touches a device.
     """
-    try:
-        OmegaConf.to_object(cfg)
-    except OmegaConfBaseException as error:
-        raise ConfigError(omegaconf_message(error)) from error
+    check_config(cfg)
     cluster = _instantiate(cfg, "cluster")
     cluster.configure_jax()
     if cfg.trainer.compilation_cache_dir:
@@ -312,6 +336,14 @@ def build_trainer(
         run_dir=run_dir,
         started_at=started_at,
     )
+
+
+def check_config(cfg: DictConfig) -> None:
+    """Raise :class:`ConfigError` with one sentence for any value the schemas reject."""
+    try:
+        OmegaConf.to_object(cfg)
+    except OmegaConfBaseException as error:
+        raise ConfigError(omegaconf_message(error)) from error
 
 
 def omegaconf_message(error: OmegaConfBaseException, key: str | None = None) -> str:

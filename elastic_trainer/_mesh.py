@@ -68,8 +68,8 @@ def keep_slices(tree: PyTree, mesh: Mesh, slices: Sequence[int]) -> PyTree:
     def keep(array: jax.Array) -> jax.Array:
         sharding = NamedSharding(kept, array.sharding.spec)
         by_device = {shard.device: shard.data for shard in array.addressable_shards}
-        return jax.make_array_from_single_device_arrays(
-            array.shape, sharding, [by_device[device] for device in kept.devices.flat]
+        return jax.make_array_from_single_device_arrays(  # each process gives its own devices' shards
+            array.shape, sharding, [by_device[device] for device in kept.devices.flat if device in by_device]
         )
 
     return jax.tree.map(keep, tree)

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
 from rich.console import Console
 
+from ._processes import POLL_S, ProcessGroup, terminate_on_sigterm
 from ._report import merge_worker_reports, report_events, summary_table
 
 EVENTS = "events.jsonl"
@@ -32,7 +33,9 @@ def supervise(*, overrides: list[str], run_dir: Path, max_restarts: int, started
 
     Each restarted worker is a new interpreter that starts JAX, compiles and
     restores the last complete checkpoint (``checkpoint.resume=true``), so a
-    restart costs what it costs. The workers' reports are kept as
+    restart costs what it costs. A worker runs in a process group of its own,
+    killed when the supervisor ends for any reason (SIGTERM and Ctrl-C
+    included), so no worker outlives it. The workers' reports are kept as
     ``report.worker<N>.json`` (and ``events.worker<N>.jsonl``) and merged into
     one ``report.json`` (and ``events.jsonl``). Returns the
     exit status for the command line.
@@ -43,7 +46,7 @@ def supervise(*, overrides: list[str], run_dir: Path, max_restarts: int, started
         attempt = len(reports)
         # a worker is one run, even when its supervisor is one job of a multirun
         command = [sys.executable, "-m", "elastic_trainer", *kept, f"hydra.run.dir={run_dir}", "hydra.mode=RUN", *resume]
-        status = subprocess.run(command, env={**os.environ, WORKER_ENV: str(attempt)}).returncode
+        status = run_worker(command, env={**os.environ, WORKER_ENV: str(attempt)})
         report_file, samples_file, events_file = (run_dir / name for name in ("report.json", "samples.npz", EVENTS))
         if not report_file.exists():
             return status  # the worker failed before training (bad input): it said why
@@ -64,13 +67,22 @@ def supervise(*, overrides: list[str], run_dir: Path, max_restarts: int, started
         resume = ["checkpoint.resume=true"] if reports[-1]["failures"][-1]["restored_from"] == "checkpoint" else []
     report = merge_worker_reports(reports, ledgers, started_at=started_at)
     report_file.write_text(json.dumps(report, indent=2) + "\n")
-    _merge_worker_events(run_dir, report, workers=len(reports))
+    merge_worker_events(run_dir, report, workers=len(reports))
     Console().print(summary_table(report))
     print(f"report: {report_file}")
     return status
 
 
-def _merge_worker_events(run_dir: Path, report: dict, *, workers: int) -> None:
+def run_worker(command: list[str], *, env: dict[str, str]) -> int:
+    """Run one worker to its end in a process group of its own; its exit status."""
+    with terminate_on_sigterm(), ProcessGroup() as group:
+        worker = group.start(command, env=env)
+        while worker.poll() is None:
+            time.sleep(POLL_S)
+        return worker.returncode
+
+
+def merge_worker_events(run_dir: Path, report: dict, *, workers: int) -> None:
     """One ``events.jsonl`` for the run: every worker's steps, saves and restores,
     each marked with its ``worker``, and the failures, recoveries and resizes of
     the merged report (a restart's recovery spans two workers)."""

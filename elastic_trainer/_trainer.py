@@ -222,6 +222,7 @@ class Trainer:
         with clock.measure("startup"):
             arrays = _put(arrays, layout.shardings)
             self._compile_likely_layouts(layout)
+            self.cluster.check_step(layout.slices, since=self._incarnations)  # with several processes: all ready
         step = position = 0
         self.ledger = SampleLedger(self.data.num_samples, seed=self.seed, start_position=0)
         self._pending_recovery: dict[str, Any] | None = None
@@ -304,6 +305,7 @@ class Trainer:
             (len(ids), *self._sample_shape), batch_sharding(layout.mesh), lambda index: self.data.get_batch(ids[index[0]])
         )
         new_arrays, metrics = layout.compiled(arrays, batch, np.float32(layout.lr_scale))
+        self.cluster.step_dispatched()
 
         def wait_for_step() -> None:
             jax.block_until_ready(new_arrays)
@@ -313,7 +315,7 @@ class Trainer:
             self._watchdog.wait(wait_for_step)
         except Exception as error:
             if isinstance(error, StepTimeoutError) or not isinstance(error, SliceLostError):
-                self.cluster.explain_failure(error, layout.slices, since=self._incarnations)
+                self.cluster.explain_failure(error, layout.slices, since=self._incarnations, pending=new_arrays)
             raise
         return new_arrays, metrics
 

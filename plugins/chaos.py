@@ -1,4 +1,4 @@
-"""Failure injection: lose slices of a simulated cluster on a schedule, or at random."""
+"""Failure injection: lose slices on a schedule, or at random (simulated slices, or real processes killed)."""
 
 from __future__ import annotations
 
@@ -45,6 +45,10 @@ class ScheduledFailure:
 class Chaos:
     """Loses slices the way hardware does, through the cluster (``cluster.fail_slice``).
 
+    On ``cluster=simulated`` the slice's devices fail; on
+    ``cluster=multiprocess`` every process of the slice is killed with
+    SIGKILL (a hang puts it to sleep before the step's collectives).
+
     :param failures: scheduled failures (mappings or :class:`ScheduledFailure`).
     :param mean_steps_between_failures: random mode: each step loses one of
         the slices in use with probability ``1 / mean`` (0: off).
@@ -86,7 +90,10 @@ class Chaos:
     def et_run_start(self, trainer: et.Trainer) -> None:
         """Check that the cluster can lose slices and has the ones scheduled."""
         if not hasattr(trainer.cluster, "fail_slice"):
-            raise et.ConfigError(f"chaos needs a cluster that can lose slices (cluster=simulated), not {trainer.cluster.kind}.")
+            raise et.ConfigError(
+                f"chaos needs a cluster that can lose slices (cluster=simulated or cluster=multiprocess), "
+                f"not {trainer.cluster.kind}."
+            )
         if trainer.run_dir is not None and (trainer.run_dir / FIRED_FILE).exists():  # a resumed or restarted run
             fired = json.loads((trainer.run_dir / FIRED_FILE).read_text())
             self._fired, self._random_steps = set(fired["scheduled"]), set(fired["random_steps"])
@@ -140,7 +147,10 @@ class Chaos:
         if step not in self._random_steps:
             self._random_steps.add(step)
             self._remember(trainer)
-            trainer.cluster.fail_slice(int(rng.choice(trainer.slices)), down_for_s=self.random_down_for_s)
+            spared = getattr(trainer.cluster, "spared_slices", ())  # multiprocess: slice 0 hosts the coordinator
+            candidates = [s for s in trainer.slices if s not in spared]
+            if candidates:
+                trainer.cluster.fail_slice(int(rng.choice(candidates)), down_for_s=self.random_down_for_s)
 
     def _remember(self, trainer: et.Trainer) -> None:
         """Write down what struck, so that a restarted worker does not strike again."""

@@ -1,0 +1,127 @@
+"""The local launcher: runs the processes of a multi-process job on this machine and re-forms the group."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import socket
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+from rich.console import Console
+
+from ._multiprocess import COORDINATOR_ENV, PROCESS_ID_ENV
+from ._processes import POLL_S, ProcessGroup, terminate_on_sigterm
+from ._report import merge_worker_reports, summary_table
+from ._supervisor import EVENTS, RESTART_EXIT_CODE, WORKER_ENV, merge_worker_events
+
+FOLLOW_S = 120.0
+"""Once a process ended by itself (done, stopped, or asking for a restart), the others must end within this."""
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on now."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def launch(*, overrides: list[str], run_dir: Path, num_processes: int, max_restarts: int, started_at: float) -> int:
+    """Run the job's ``num_processes`` processes with ``overrides`` until they end; the exit status.
+
+    Process ``i`` runs in ``run_dir/process<i>`` (its own report and log;
+    the output of all but process 0 goes to ``stdout.log`` there) and all
+    share ``run_dir/checkpoints``. Every process is in a process group of
+    its own, all killed when the launcher ends for any reason (SIGTERM and
+    Ctrl-C included). When the processes ask for a restart (exit status 75:
+    ``full_restart``, or a group that must be re-formed), every process is
+    started again, with a new coordination service, and resumes from the
+    last complete checkpoint. Each attempt's report (that of its lowest
+    surviving process) is kept as ``report.worker<N>.json`` and all are
+    merged into ``report.json``, as a full restart's supervisor does.
+    """
+    kept = [o for o in overrides if not o.startswith(("hydra.run.dir=", "checkpoint.resume="))]
+    if not any(o.startswith("checkpoint.dir=") for o in kept):
+        kept.append(f"checkpoint.dir={run_dir / 'checkpoints'}")
+    reports, ledgers, exits = [], [], []
+    resume: list[str] = []
+    while True:
+        attempt = len(reports)
+        codes, exited_at = _run_attempt(kept + resume, run_dir=run_dir, num_processes=num_processes, attempt=attempt)
+        exits.append({"attempt": attempt, "exit_codes": codes, "exited_at": exited_at})
+        survivor = next((i for i in range(num_processes) if (run_dir / f"process{i}" / "report.json").exists()), None)
+        if survivor is None:
+            return next((c for c in codes if c), 3)  # no process got to train (bad input): they said why
+        for i in range(num_processes):
+            _keep_attempt(run_dir / f"process{i}", attempt, into=run_dir if i == survivor else None)
+        reports.append(json.loads((run_dir / f"report.worker{attempt}.json").read_text()))
+        with np.load(run_dir / f"samples.worker{attempt}.npz") as samples:
+            ledgers.append(dict(samples))
+        status = _job_status(codes)
+        if status != RESTART_EXIT_CODE:
+            break
+        if attempt >= max_restarts:
+            reports[-1]["stopped"] = f"the group gave up after {max_restarts} restarts (strategy.max_restarts)."
+            status = 3
+            break
+        print(f"elastic_trainer: launcher: restarting all {num_processes} processes (restart {attempt + 1})", flush=True)
+        resume = ["checkpoint.resume=true"]
+    report = merge_worker_reports(reports, ledgers, started_at=started_at)
+    report["process_exits"] = exits
+    report_file = run_dir / "report.json"
+    report_file.write_text(json.dumps(report, indent=2) + "\n")
+    merge_worker_events(run_dir, report, workers=len(reports))
+    Console().print(summary_table(report))
+    print(f"report: {report_file}")
+    return status
+
+
+def _run_attempt(overrides: list[str], *, run_dir: Path, num_processes: int, attempt: int) -> tuple[list, list]:
+    """Start every process and wait for all of them; their exit statuses and when each was seen to end."""
+    env = {**os.environ, WORKER_ENV: str(attempt), COORDINATOR_ENV: f"127.0.0.1:{free_port()}"}
+    with terminate_on_sigterm(), ProcessGroup() as group:
+        for i in range(num_processes):
+            process_dir = run_dir / f"process{i}"
+            command = [
+                sys.executable, "-m", "elastic_trainer", *overrides,
+                f"hydra.run.dir={process_dir}", "hydra.mode=RUN",  # one run, even inside a multirun
+            ]
+            process_dir.mkdir(parents=True, exist_ok=True)
+            with contextlib.ExitStack() as files:  # process 0 shows its progress; the others' goes to a file
+                stdout = files.enter_context(open(process_dir / "stdout.log", "a")) if i else None
+                group.start(command, env={**env, PROCESS_ID_ENV: str(i)}, stdout=stdout)
+        first_end = None
+        while None in (codes := group.poll()):
+            if first_end is None and any(c is not None and c >= 0 for c in codes):
+                first_end = time.monotonic()  # a process ended by itself: the others follow soon
+            if first_end is not None and time.monotonic() - first_end > FOLLOW_S:
+                print(f"elastic_trainer: launcher: processes still running {FOLLOW_S:g} s after another ended; "
+                      "killing them", file=sys.stderr, flush=True)
+                break
+            time.sleep(POLL_S)
+    codes = group.poll()
+    return codes, [group.exited_at.get(i) for i in range(num_processes)]
+
+
+def _job_status(codes: list[int]) -> int:
+    """The job's status from its processes': a restart if any asked for one, else the best of those that ended by themselves."""
+    if RESTART_EXIT_CODE in codes:
+        return RESTART_EXIT_CODE
+    ended = [c for c in codes if c >= 0]
+    return min(ended) if ended else 3
+
+
+def _keep_attempt(process_dir: Path, attempt: int, *, into: Path | None) -> None:
+    """Rename a process's report, samples and events so the next attempt does not overwrite them;
+    copy those of the attempt's chosen process to ``into`` as ``<name>.worker<attempt>``."""
+    for name, suffix in (("report", ".json"), ("samples", ".npz"), (Path(EVENTS).stem, ".jsonl")):
+        source = process_dir / f"{name}{suffix}"
+        if not source.exists():
+            continue
+        kept = source.rename(process_dir / f"{name}.attempt{attempt}{suffix}")
+        if into is not None:
+            shutil.copyfile(kept, into / f"{name}.worker{attempt}{suffix}")

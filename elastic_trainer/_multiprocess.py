@@ -1,0 +1,347 @@
+"""The multi-process cluster: slices made of whole JAX processes, on JAX's distributed runtime."""
+
+from __future__ import annotations
+
+import atexit
+import os
+import signal
+import socket
+import sys
+import threading
+import time
+from collections.abc import Sequence
+
+import jax
+import psutil
+from jax.experimental.multihost_utils import ProcessFailureError, live_devices
+from jaxtyping import PyTree
+
+from ._cluster import AbstractCluster
+from ._failures import ConfigError, SliceLostError, check_at_least
+
+PROCESS_ID_ENV = "ELASTIC_TRAINER_PROCESS_ID"
+"""Set by the local launcher to a worker's process id; unset, JAX detects it (Slurm, Kubernetes, Cloud TPU)."""
+
+COORDINATOR_ENV = "JAX_COORDINATOR_ADDRESS"
+"""Where the coordination service listens; ``jax.distributed.initialize`` reads it itself."""
+
+STUCK_GRACE_S = 1.0
+"""After its step failed, how long a process waits for every other live process
+to have reached that step; one that has not is dead or stuck before the step's collectives."""
+
+_KEY = "elastic_trainer/"
+
+
+def _wait_quietly(arrays: PyTree) -> None:
+    """Wait until ``arrays`` are computed or their computation failed."""
+    try:
+        jax.block_until_ready(arrays)
+    except Exception:  # noqa: BLE001 - the failure itself is being handled
+        pass
+
+
+class MultiprocessCluster(AbstractCluster):
+    """Slices made of processes of a multi-controller JAX job (``jax.distributed``).
+
+    Every process runs the same training loop on its own devices; a slice is
+    ``processes_per_slice`` consecutive processes. A process that dies (killed,
+    crashed, out of memory) is found with ``jax_enable_recoverability`` and
+    :func:`jax.experimental.multihost_utils.live_devices`: the survivors'
+    step raises (or they see it at the step's end), they agree on the live
+    processes, and the slices with a dead process count as lost. A process
+    stuck before a step's collectives (alive, heartbeating, but not
+    computing) is found when the others' step times out: it is the one that
+    did not time out too; it is killed, and then lost like a dead one.
+
+    :param num_processes: processes in the job.
+    :param devices_per_process: CPU devices each process starts with (the
+        local launcher; ``None`` keeps the platform's own devices).
+    :param processes_per_slice: processes that make up one slice.
+    :param heartbeat_timeout_s: the coordination service declares a silent
+        process dead after this long; the floor of every detection.
+    :param collective_timeout_s: on CPU, a collective still waiting for a
+        peer after this long fails (XLA's ``xla_cpu_collective_timeout_seconds``).
+        Without it, a collective whose peer died never returns and blocks the
+        survivors' devices for good; so this bounds detection and recovery.
+    :param initialization_timeout_s: how long a process waits for the others to start.
+    :param platform: ``"cpu"`` (gloo collectives between processes on CPU) or
+        ``None`` for JAX's default platform on a real cluster.
+    :param launcher: ``"local"``: the command line starts the processes on
+        this machine; ``"none"``: something else started them (Slurm,
+        Kubernetes, Cloud TPU) and JAX detects the job from the environment.
+    """
+
+    kind = "multiprocess"
+    spared_slices = (0,)  # random failure injection never picks the slice of process 0 (the coordinator)
+    lost_slices_rejoin = False  # a restarted process cannot join the live group in jax 0.10.2 (docs/multiprocess.md)
+
+    def __init__(
+        self,
+        num_processes: int = 2,
+        devices_per_process: int | None = 2,
+        processes_per_slice: int = 1,
+        heartbeat_timeout_s: int = 5,
+        collective_timeout_s: int = 10,
+        initialization_timeout_s: int = 120,
+        platform: str | None = "cpu",
+        launcher: str = "local",
+    ):
+        check_at_least("cluster.num_processes", num_processes, 1)
+        check_at_least("cluster.processes_per_slice", processes_per_slice, 1)
+        check_at_least("cluster.heartbeat_timeout_s", heartbeat_timeout_s, 1)
+        check_at_least("cluster.collective_timeout_s", collective_timeout_s, 1)
+        check_at_least("cluster.initialization_timeout_s", initialization_timeout_s, 1)
+        if devices_per_process is not None:
+            check_at_least("cluster.devices_per_process", devices_per_process, 1)
+        if num_processes % processes_per_slice:
+            raise ConfigError(
+                f"cluster.processes_per_slice ({processes_per_slice}) must divide cluster.num_processes ({num_processes})."
+            )
+        if launcher not in ("local", "none"):
+            raise ConfigError(f"cluster.launcher must be 'local' or 'none', got {launcher!r}.")
+        self.num_processes = num_processes
+        self.devices_per_process = devices_per_process
+        self.processes_per_slice = processes_per_slice
+        self.heartbeat_timeout_s = heartbeat_timeout_s
+        self.collective_timeout_s = collective_timeout_s
+        self.initialization_timeout_s = initialization_timeout_s
+        self.platform = platform
+        self.launcher = launcher
+        self.slices = num_processes // processes_per_slice
+        self._live = set(range(num_processes))
+        self._failures = [0] * self.slices
+        self._lost_at: dict[int, float | None] = {}  # dead process -> when it went down, if it said so
+        self._dispatched = 0  # steps dispatched by this process
+
+    # ------------------------------------------------------------------ start-up
+
+    def configure_jax(self) -> None:
+        """Join the job: configure JAX's CPU collectives and recoverability, then ``jax.distributed.initialize``."""
+        if jax.distributed.is_initialized():
+            return
+        if self.platform == "cpu":
+            jax.config.update("jax_platforms", "cpu")
+            jax.config.update("jax_cpu_collectives_implementation", "gloo")
+            flag = f"--xla_cpu_collective_timeout_seconds={self.collective_timeout_s}"
+            os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {flag}".strip()
+            if self.devices_per_process is not None:
+                jax.config.update("jax_num_cpu_devices", self.devices_per_process)
+        jax.config.update("jax_enable_recoverability", True)  # survivors live on when a process dies
+        process_id = os.environ.get(PROCESS_ID_ENV)
+        jax.distributed.initialize(
+            num_processes=self.num_processes if process_id is not None else None,
+            process_id=int(process_id) if process_id is not None else None,
+            heartbeat_timeout_seconds=self.heartbeat_timeout_s,
+            initialization_timeout=self.initialization_timeout_s,
+        )
+        if jax.process_count() != self.num_processes:
+            raise ConfigError(
+                f"cluster.num_processes is {self.num_processes} but the job has {jax.process_count()} processes; "
+                "set it to the number of processes the scheduler starts."
+            )
+        local = len(jax.local_devices())
+        if self.devices_per_process is not None and local != self.devices_per_process:
+            raise ConfigError(
+                f"cluster.devices_per_process is {self.devices_per_process} but this process has {local} devices; "
+                "set it to match, or to null to take the platform's devices."
+            )
+        self._client().key_value_set(f"{_KEY}pid/{jax.process_index()}", f"{socket.gethostname()} {os.getpid()}")
+        atexit.register(self._leave)  # runs before JAX's own exit handler, which shuts the client down
+
+    def _leave(self) -> None:
+        """Leave the job together, process 0 (the coordination service) last.
+
+        With recoverability on, JAX's shutdown does not wait for the other
+        processes, so a process 0 that ends first takes the service with it
+        and the others abort in their own shutdown.
+        """
+        client = self._client()
+        if client is None:
+            return
+        live = sorted(self._live)
+        try:
+            client.wait_at_barrier(f"{_KEY}leave", 1000 * (10 + 2 * self.heartbeat_timeout_s), process_ids=live)
+            if jax.process_index() == live[0]:
+                client.get_live_nodes(live)  # returns once the others have shut down
+        except Exception as error:  # noqa: BLE001 - a process lost at the very end: leave anyway
+            print(f"elastic_trainer: leaving the job without the others: {error}", file=sys.stderr)
+        jax.distributed.shutdown()
+
+    @staticmethod
+    def _client():
+        return jax._src.distributed.global_state.client
+
+    # ------------------------------------------------------------------ layout
+
+    def processes_of(self, index: int) -> range:
+        """The processes that make up slice ``index``."""
+        return range(index * self.processes_per_slice, (index + 1) * self.processes_per_slice)
+
+    def slice_devices(self) -> list[list[jax.Device]]:
+        devices = sorted(jax.devices(), key=lambda d: (d.process_index, d.id))
+        return [[d for d in devices if d.process_index in self.processes_of(s)] for s in range(self.slices)]
+
+    def describe(self) -> dict:
+        per_process = self.devices_per_process or len(jax.local_devices())
+        return {
+            "kind": self.kind, "slices": self.slices, "devices_per_slice": per_process * self.processes_per_slice,
+            "processes": self.num_processes, "processes_per_slice": self.processes_per_slice,
+            "heartbeat_timeout_s": self.heartbeat_timeout_s, "collective_timeout_s": self.collective_timeout_s,
+        }
+
+    # ------------------------------------------------------------------ health
+
+    def healthy_slices(self) -> list[int]:
+        """Slices whose processes were all live when the processes last agreed (at the end of a step)."""
+        return [s for s in range(self.slices) if set(self.processes_of(s)) <= self._live]
+
+    def incarnations(self) -> tuple[int, ...]:
+        return tuple(self._failures)
+
+    def check_step(self, slices: Sequence[int], *, since: tuple[int, ...]) -> None:
+        """Agree with the other live processes on who lives (a barrier); raise ``DATA_LOSS`` for slices lost."""
+        self._agree_on_live_processes()
+        healthy = set(self.healthy_slices())
+        lost = [s for s in slices if s not in healthy or self._failures[s] != since[s]]
+        if lost:
+            dead = sorted(p for s in lost for p in self.processes_of(s) if p not in self._live)
+            if all(self._was_stuck(p) for p in dead):
+                message = f"DEADLINE_EXCEEDED: process(es) {dead} of slice(s) {lost} were stuck and have been killed"
+            else:
+                message = f"DATA_LOSS: process(es) {dead} of slice(s) {lost} died"
+            error = SliceLostError(message, slices=lost)
+            down = [self._lost_at.get(p) for p in dead]
+            error.occurred_at = min(down) if down and None not in down else None
+            raise error
+
+    def explain_failure(
+        self, error: Exception, slices: Sequence[int], *, since: tuple[int, ...], pending: PyTree
+    ) -> None:
+        """A step on ``slices`` raised ``error`` (a collective timed out waiting for a peer, or the watchdog did).
+
+        First the processes stuck before the step are found and killed (a
+        stuck process would never reach the next barrier); then the live
+        processes agree on who died, and a lost slice is raised as
+        ``DATA_LOSS`` (``DEADLINE_EXCEEDED`` when it was stuck). Returns when
+        no process was lost. Either way it first waits until the failed
+        step's collectives have given up (``collective_timeout_s``): until
+        then they hold this process's devices, and a new step would queue
+        behind them.
+        """
+        draining = threading.Thread(target=_wait_quietly, args=(pending,), name="et-drain", daemon=True)
+        draining.start()
+        self._kill_stuck_processes()
+        try:
+            self.check_step(slices, since=since)
+        finally:
+            draining.join(self.collective_timeout_s + 5)
+
+    def _agree_on_live_processes(self) -> None:
+        """Wait for every live process here (``live_devices``' barrier); note who died since last time."""
+        devices = [d for group in self.slice_devices() for d in group]
+        try:
+            with live_devices(devices):
+                pass
+        except ProcessFailureError as failure:
+            dead = {device.process_index for device in failure.failed_devices} & self._live
+            for process in sorted(dead):
+                self._lost_at[process] = self._stamp(process)
+            self._live -= dead
+            for s in {p // self.processes_per_slice for p in dead}:
+                self._failures[s] += 1
+
+    def _was_stuck(self, process: int) -> bool:
+        """Whether a process (any of them) killed ``process`` because it was stuck."""
+        try:
+            self._client().key_value_try_get(f"{_KEY}stuck/{process}")
+            return True
+        except Exception:  # noqa: BLE001 - the runtime raises a plain error for a missing key
+            return False
+
+    def _stamp(self, process: int) -> float | None:
+        """When ``process`` went down, if it said so before it went (failure injection does)."""
+        try:
+            return float(self._client().key_value_try_get(f"{_KEY}down/{process}"))
+        except Exception:  # noqa: BLE001 - the runtime raises a plain error for a missing key
+            return None
+
+    def step_dispatched(self) -> None:
+        """Note in the key-value store that this process reached its latest step's collectives."""
+        self._dispatched += 1
+        self._client().key_value_set(f"{_KEY}dispatched/{jax.process_index()}", str(self._dispatched), allow_overwrite=True)
+
+    def _kill_stuck_processes(self) -> None:
+        """Kill the live processes that never reached the failed step's collectives: they are stuck.
+
+        Every process notes each step it dispatched (:meth:`step_dispatched`);
+        one that has not noted this step within :data:`STUCK_GRACE_S` of our
+        failure is dead or stuck. A stuck one on this host is killed; one on
+        another host is left to the scheduler (the barrier that follows
+        waits until it is gone).
+        """
+        client, me = self._client(), jax.process_index()
+        deadline = time.monotonic() + STUCK_GRACE_S
+        behind = set(self._live - {me})
+        while behind and time.monotonic() < deadline:
+            for process in sorted(behind):
+                try:
+                    if int(client.key_value_try_get(f"{_KEY}dispatched/{process}")) >= self._dispatched:
+                        behind.discard(process)
+                except Exception:  # noqa: BLE001 - the runtime raises a plain error for a missing key
+                    pass
+            time.sleep(0.05)
+        for process in sorted(behind):
+            host, pid = client.blocking_key_value_get(f"{_KEY}pid/{process}", 1000).split()
+            if host != socket.gethostname():
+                print(f"elastic_trainer: process {process} on {host} did not reach the step; waiting until it is "
+                      "known dead (a stuck process on another host must be killed by the scheduler)", file=sys.stderr)
+                continue
+            try:
+                if psutil.Process(int(pid)).status() in (psutil.STATUS_ZOMBIE, psutil.STATUS_DEAD):
+                    continue  # dead already, not stuck
+                os.kill(int(pid), signal.SIGKILL)
+                client.key_value_set(f"{_KEY}stuck/{process}", "killed", allow_overwrite=True)
+            except (psutil.NoSuchProcess, ProcessLookupError):
+                pass  # dead already, not stuck
+
+    def checkpoint_blocker(self) -> str | None:
+        """Once a process is lost, no checkpoint can be saved: Orbax's saves synchronize every process of the job."""
+        lost = sorted(set(range(self.num_processes)) - self._live)
+        if not lost:
+            return None
+        return (
+            f"process(es) {lost} are lost and Orbax's saves wait for every process of the job; "
+            "a later restart restores the last checkpoint saved before the loss"
+        )
+
+    # ------------------------------------------------------------------ failure injection
+
+    def fail_slice(self, index: int, *, down_for_s: float) -> None:
+        """Lose slice ``index``: its processes SIGKILL themselves (every process calls this; the others go on).
+
+        ``down_for_s`` is not used: a dead process stays dead; the launcher
+        starts replacements only when the whole group is re-formed.
+        """
+        self._check_index(index)
+        if jax.process_index() in self.processes_of(index):
+            self._say_down()
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    def hang_slice(self, index: int, *, down_for_s: float) -> None:
+        """Hang slice ``index``: its processes sleep ``down_for_s`` before their next step's collectives."""
+        self._check_index(index)
+        if jax.process_index() in self.processes_of(index):
+            self._say_down()
+            time.sleep(down_for_s)
+
+    def _check_index(self, index: int) -> None:
+        if not 0 <= index < self.slices:
+            raise ConfigError(f"slice {index} does not exist; the cluster has slices 0 to {self.slices - 1}.")
+        if index == 0:
+            raise ConfigError(
+                "slice 0 holds process 0, which hosts JAX's coordination service: losing it ends every process "
+                "(JAX's own limit), so failure injection spares it; choose another slice."
+            )
+
+    def _say_down(self) -> None:
+        self._client().key_value_set(f"{_KEY}down/{jax.process_index()}", repr(time.time()))

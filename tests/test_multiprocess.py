@@ -1,0 +1,122 @@
+"""cluster=multiprocess from the command line: real JAX processes, really killed.
+
+Each run starts several interpreters on a tiny model, so there are few of them.
+Every test checks that no process it started outlives it.
+"""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import psutil
+import pytest
+from test_cli import run_cli
+
+from elastic_trainer._multiprocess import STUCK_GRACE_S
+
+TINY = ["model.d_model=32", "model.num_heads=2", "model.num_layers=1", "data.max_bytes=200000"]
+THREE = [
+    "cluster=multiprocess", "cluster.num_processes=3", "cluster.heartbeat_timeout_s=3", "cluster.collective_timeout_s=4",
+]
+
+
+def processes_of(run_dir):
+    """Live processes whose command line names ``run_dir`` (workers and launchers of that run)."""
+    found = []
+    for process in psutil.process_iter(["cmdline"]):
+        if process.pid != os.getpid() and any(str(run_dir) in arg for arg in process.info["cmdline"] or ()):
+            found.append(process)
+    return found
+
+
+@pytest.fixture
+def run_dir(tmp_path):
+    """The run's directory; after the test, no process of the run may be left (they are killed if they are)."""
+    yield tmp_path
+    time.sleep(0.2)  # a process killed at the very end is reaped by then
+    left = processes_of(tmp_path)
+    for process in left:
+        process.kill()
+    assert not left, f"orphan processes left behind: {[p.info['cmdline'] for p in left]}"
+
+
+def report_of(run_dir):
+    return json.loads((run_dir / "report.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def compile_cache(tmp_path_factory):
+    """One persistent compilation cache for the module: the second run loads the 3-process step instead of compiling it."""
+    return f"trainer.compilation_cache_dir={tmp_path_factory.mktemp('compile_cache')}"
+
+
+def test_scale_down_survives_a_stuck_and_a_killed_process_with_no_step_lost(run_dir, compile_cache):
+    step_timeout_s, heartbeat_s = 6, 3
+    result = run_cli(
+        *TINY, *THREE, f"trainer.step_timeout_s={step_timeout_s}", "trainer.steps=12", compile_cache,
+        "+strategy=scale_down", "+chaos=schedule",
+        "chaos.failures=[{at_step: 4, slice: 2, hang: true}, {at_step: 7, slice: 1}]", f"hydra.run.dir={run_dir}",
+    )
+    assert result.returncode == 0, result.stderr
+    report = report_of(run_dir)
+    assert report["steps_completed"] == 12
+    assert report["cluster"]["kind"] == "multiprocess" and report["cluster"]["processes"] == 3
+    stuck, killed = report["failures"]
+    assert (stuck["step"], stuck["slices"], stuck["kind"]) == (4, [2], "slice_hung")
+    assert (killed["step"], killed["slices"], killed["kind"]) == (7, [1], "slice_lost")
+    for failure, slices_after in ((stuck, 2), (killed, 1)):
+        assert (failure["restored_from"], failure["lost_steps"], failure["slices_after"]) == ("replica", 0, slices_after)
+    # from the moment it got stuck: the collective timeout (below the watchdog), 1 s to tell it from the
+    # processes that reached the step, and the coordination service declaring it dead after it is killed
+    assert 0 < stuck["detection_s"] <= step_timeout_s + heartbeat_s + STUCK_GRACE_S
+    assert 0 < killed["detection_s"] < step_timeout_s + heartbeat_s + STUCK_GRACE_S
+    assert report["samples"] == {"consumed": 12 * 48, "duplicated": 0, "skipped": 0}
+    assert report["checkpoint_saves_skipped"] == [12]  # Orbax's saves need every process of the job
+    (attempt,) = report["process_exits"]
+    assert attempt["exit_codes"] == [0, -signal.SIGKILL, -signal.SIGKILL]
+
+
+def test_full_restart_restarts_every_process_from_the_checkpoint(run_dir, compile_cache):
+    result = run_cli(
+        *TINY, *THREE, "trainer.steps=12", "checkpoint.period=3", compile_cache, "+strategy=full_restart",
+        "+chaos=schedule", "chaos.failures=[{at_step: 5, slice: 2}]", f"hydra.run.dir={run_dir}",
+    )
+    assert result.returncode == 0, result.stderr
+    report = report_of(run_dir)
+    assert report["steps_completed"] == 12 and report["workers"] == 2
+    (failure,) = report["failures"]
+    assert (failure["action"], failure["restored_from"], failure["lost_steps"]) == ("full_restart", "checkpoint", 2)
+    first, second = report["process_exits"]
+    assert first["exit_codes"] == [75, 75, -signal.SIGKILL] and second["exit_codes"] == [0, 0, 0]
+    assert report["samples"] == {"consumed": 12 * 48, "duplicated": 0, "skipped": 0}
+
+
+def test_sigterm_to_the_launcher_kills_every_worker(run_dir):
+    command = [sys.executable, "-m", "elastic_trainer", *TINY, "cluster=multiprocess", "trainer.steps=1000",
+               f"hydra.run.dir={run_dir}"]
+    env = {**os.environ, "ELASTIC_TRAINER_DISABLE_PLUGIN_AUTOLOAD": "1"}
+    with subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) as launcher:
+        deadline = time.monotonic() + 60
+        while len(processes_of(run_dir)) < 3 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert len(processes_of(run_dir)) == 3, "the launcher did not start its 2 workers"
+        launcher.send_signal(signal.SIGTERM)
+        assert launcher.wait(timeout=30) == 143
+    assert not processes_of(run_dir)
+
+
+def test_sigterm_to_the_full_restart_supervisor_kills_its_worker(run_dir):
+    command = [sys.executable, "-m", "elastic_trainer", *TINY, "trainer.steps=1000", "+strategy=full_restart",
+               f"hydra.run.dir={run_dir}"]
+    env = {**os.environ, "ELASTIC_TRAINER_DISABLE_PLUGIN_AUTOLOAD": "1"}
+    with subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) as supervisor:
+        deadline = time.monotonic() + 60
+        while len(processes_of(run_dir)) < 2 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert len(processes_of(run_dir)) == 2, "the supervisor did not start its worker"
+        supervisor.send_signal(signal.SIGTERM)
+        assert supervisor.wait(timeout=30) == 143
+    assert not processes_of(run_dir)
