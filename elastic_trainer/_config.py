@@ -193,6 +193,7 @@ class ScaleDownConfig:
     batch_policy: str = "keep_global"
     lr_scaling: str = "linear"
     max_retries: int = 10
+    compile_ahead: bool = True
 
 
 @dataclasses.dataclass

@@ -20,6 +20,9 @@ class ScaleDown:
     :param lr_scaling: with ``keep_per_device``, how the learning rate follows
         the global batch: ``linear``, ``sqrt`` or ``none``.
     :param max_retries: stop after this many recoveries.
+    :param compile_ahead: compile the step for every "one slice fewer" layout
+        in the background after start, so a recovery need not wait for a
+        compile; off saves that work where compiles are cheap or cores few.
     """
 
     name = "scale_down"
@@ -31,6 +34,7 @@ class ScaleDown:
         batch_policy: str = "keep_global",
         lr_scaling: str = "linear",
         max_retries: int = 10,
+        compile_ahead: bool = True,
     ):
         if min_slice_count < 1:
             raise et.ConfigError(f"strategy.min_slice_count must be at least 1, got {min_slice_count}.")
@@ -43,6 +47,7 @@ class ScaleDown:
         self.batch_policy = batch_policy
         self.lr_scaling = lr_scaling
         self.retries = et.RetryBudget(self.name, max_retries)
+        self.compile_ahead = compile_ahead
 
     @et.hookimpl
     def et_run_start(self, trainer: et.Trainer) -> None:
@@ -67,7 +72,7 @@ class ScaleDown:
     @et.hookimpl
     def et_likely_layouts(self, trainer: et.Trainer) -> list[list[int]]:
         """Every layout with one slice fewer: where the next failure will take the run."""
-        if len(trainer.slices) <= self.min_slice_count:
+        if not self.compile_ahead or len(trainer.slices) <= self.min_slice_count:
             return []
         return [[s for s in trainer.slices if s != lost] for lost in trainer.slices]
 

@@ -48,7 +48,7 @@ def test_pathways_health_checks_and_slice_down_errors_drive_scale_down(tiny_trai
     assert cluster.describe() == {"kind": "pathways", "slices": 4, "devices_per_slice": 2}
     assert cluster.healthy_slices() == [0, 1, 2, 3]
     state, report = et.Trainer(**tiny_trainer_kwargs(
-        steps=6, global_batch_size=24, cluster=cluster, strategy=ScaleDown(), plugins=[LoseSlice11()],
+        steps=6, global_batch_size=24, cluster=cluster, strategy=ScaleDown(compile_ahead=False), plugins=[LoseSlice11()],
     )).fit()
     [failure] = report["failures"]
     # NOT_FOUND is not a slice loss for the built-in classifier: pathwaysutils' rule, through our hook, made it one

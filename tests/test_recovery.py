@@ -90,7 +90,7 @@ def scale_down_one_lost(make):
     """
     if "scale_down_one_lost" not in _cache:
         recorder = RestoreRecorder()
-        trainer = et.Trainer(**make(steps=STEPS, global_batch_size=BATCH, strategy=ScaleDown(),
+        trainer = et.Trainer(**make(steps=STEPS, global_batch_size=BATCH, strategy=ScaleDown(compile_ahead=False),
                                     plugins=[chaos(lose(1)), recorder]))
         surviving, captured = trainer.cluster.surviving, []
 
@@ -177,7 +177,7 @@ class WaitForAllSlices:
 
 def test_scale_down_scales_back_up_when_the_slice_returns(tiny_trainer_kwargs):
     trainer = et.Trainer(**tiny_trainer_kwargs(
-        steps=STEPS, global_batch_size=BATCH, strategy=ScaleDown(),
+        steps=STEPS, global_batch_size=BATCH, strategy=ScaleDown(compile_ahead=False),
         plugins=[chaos(lose(0, down_for_s=1.5)), WaitForAllSlices(after_step=FAIL_AT + 1)],
     ))
     state, report = fit(trainer)
@@ -255,7 +255,7 @@ def test_pause_resume_stops_when_the_slice_is_not_back_in_time(tiny_trainer_kwar
 
 
 def test_fallback_chain_scales_down_once_pause_resume_times_out(tiny_trainer_kwargs):
-    chain = Fallback([PauseResume(timeout_s=0.5), ScaleDown(scale_up=False)])
+    chain = Fallback([PauseResume(timeout_s=0.5), ScaleDown(compile_ahead=False, scale_up=False)])
     trainer = et.Trainer(**tiny_trainer_kwargs(steps=STEPS, global_batch_size=BATCH, strategy=chain,
                                                plugins=[chaos(lose(1))]))
     state, report = fit(trainer)
@@ -273,7 +273,7 @@ def test_fallback_chain_scales_down_once_pause_resume_times_out(tiny_trainer_kwa
 
 
 def test_scale_down_survives_a_second_failure_during_recovery(tiny_trainer_kwargs):
-    trainer = et.Trainer(**tiny_trainer_kwargs(steps=STEPS, global_batch_size=BATCH, strategy=ScaleDown(),
+    trainer = et.Trainer(**tiny_trainer_kwargs(steps=STEPS, global_batch_size=BATCH, strategy=ScaleDown(compile_ahead=False),
                                                plugins=[chaos(lose(1), lose(2, phase="recovery"))]))
     state, report = fit(trainer)
     assert state is not None, report["stopped"]
@@ -339,7 +339,7 @@ def test_chaos_without_a_strategy_stops_and_says_how_to_select_one(tiny_trainer_
 
 def test_keep_per_device_shrinks_the_global_batch_without_skipping_samples(tiny_trainer_kwargs):
     trainer = et.Trainer(**tiny_trainer_kwargs(steps=STEPS, global_batch_size=16,
-                                               strategy=ScaleDown(batch_policy="keep_per_device"),
+                                               strategy=ScaleDown(compile_ahead=False, batch_policy="keep_per_device"),
                                                plugins=[chaos(lose(1))]))
     state, report = fit(trainer)
     assert state is not None, report["stopped"]
@@ -355,12 +355,12 @@ def test_keep_per_device_shrinks_the_global_batch_without_skipping_samples(tiny_
 
 
 def test_chaos_and_scale_down_reject_impossible_configurations(tiny_trainer_kwargs):
-    trainer = et.Trainer(**tiny_trainer_kwargs(strategy=ScaleDown(), plugins=[chaos(lose(7))]))
+    trainer = et.Trainer(**tiny_trainer_kwargs(strategy=ScaleDown(compile_ahead=False), plugins=[chaos(lose(7))]))
     with pytest.raises(et.ConfigError, match="slice 7"):
         trainer.fit()
     with pytest.raises(et.ConfigError, match="lunch"):
         Chaos(failures=[{"at_step": 1, "slice": 0, "phase": "lunch"}])
-    trainer = et.Trainer(**tiny_trainer_kwargs(strategy=ScaleDown(min_slice_count=5)))
+    trainer = et.Trainer(**tiny_trainer_kwargs(strategy=ScaleDown(compile_ahead=False, min_slice_count=5)))
     with pytest.raises(et.ConfigError, match="min_slice_count"):
         trainer.fit()
 
@@ -372,7 +372,7 @@ def random_run(make, *, strategy, down_for_s, run):
     """A run with random failures only; of steps 0 to 5, seed 9 draws a failure at step 3 only."""
     key = ("random", strategy, down_for_s, run)
     if key not in _cache:
-        plan = ScaleDown() if strategy == "scale_down" else PauseResume(timeout_s=60, max_retries=2)
+        plan = ScaleDown(compile_ahead=False) if strategy == "scale_down" else PauseResume(timeout_s=60, max_retries=2)
         trainer = et.Trainer(**make(
             steps=STEPS, global_batch_size=BATCH, strategy=plan,
             plugins=[Chaos(mean_steps_between_failures=2, random_down_for_s=down_for_s, seed=9)],

@@ -23,7 +23,7 @@ def test_wait_beyond_the_limit_is_a_deadline_exceeded_failure():
 
 def test_a_hung_slice_is_detected_and_recovered_from(tiny_trainer_kwargs):
     chaos = Chaos(failures=[{"at_step": 2, "slice": 1, "down_for_s": 1e9, "hang": True}])
-    trainer = et.Trainer(**tiny_trainer_kwargs(steps=5, global_batch_size=24, step_timeout_s=1.0, strategy=ScaleDown(), plugins=[chaos]))
+    trainer = et.Trainer(**tiny_trainer_kwargs(steps=5, global_batch_size=24, step_timeout_s=1.0, strategy=ScaleDown(compile_ahead=False), plugins=[chaos]))
     state, report = trainer.fit()
     (failure,) = report["failures"]
     assert (failure["kind"], failure["slices"], failure["restored_from"]) == ("slice_hung", [1], "replica")
