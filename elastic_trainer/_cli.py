@@ -26,7 +26,7 @@ from ._config import build_strategy, build_trainer, check_config, omegaconf_mess
 from ._failures import ConfigError, PluginError, RestartRequested, TrainingStopped
 from ._plugins import DISABLE_AUTOLOAD_ENV, ENTRY_POINT_GROUP, LOAD_PLUGINS_ENV, describe_plugins, make_plugin_manager
 from ._launcher import launch
-from ._processes import Terminated
+from ._processes import Terminated, die_with_parent
 from ._supervisor import RESTART_EXIT_CODE, is_worker, supervise
 
 CONFIG_MODULE = "elastic_trainer_conf"
@@ -50,6 +50,7 @@ def _job_started_at() -> float:
 def _app(cfg: DictConfig) -> None:
     started_at = _job_started_at()
     hydra_cfg = HydraConfig.get()
+    die_with_parent()  # a worker never outlives its launcher or supervisor
     try:
         strategy = build_strategy(cfg)
         if cfg.cluster.get("launcher") == "local" and not is_worker():  # start the processes of a multi-process job

@@ -3,15 +3,35 @@
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import os
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from typing import IO
 
 POLL_S = 0.05
 """How often running children are polled."""
+
+PARENT_ENV = "ELASTIC_TRAINER_PARENT_PID"
+"""Set in a child's environment to the pid of the process that started it."""
+
+_PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
+
+def die_with_parent() -> None:
+    """On Linux, have the kernel SIGKILL this process when the process that started it ends, even by SIGKILL.
+
+    Does nothing elsewhere, or when this process was not started by a :class:`ProcessGroup`.
+    """
+    parent = os.environ.get(PARENT_ENV)
+    if parent is None or not sys.platform.startswith("linux"):
+        return
+    ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    if os.getppid() != int(parent):  # the parent ended before the request took effect
+        os._exit(1)
 
 
 class Terminated(BaseException):
@@ -44,6 +64,8 @@ class ProcessGroup:
     :meth:`kill` sends SIGKILL to every group, so whatever a child started
     dies with it; use the group as a context manager to kill on any exit,
     including an exception, Ctrl-C or (with :func:`terminate_on_sigterm`) SIGTERM.
+    A child that calls :func:`die_with_parent` also dies when its parent is
+    killed outright (SIGKILL), when no ``finally`` runs.
     """
 
     def __init__(self):
@@ -52,7 +74,8 @@ class ProcessGroup:
 
     def start(self, command: Sequence[str], *, env: Mapping[str, str], stdout: IO | None = None) -> subprocess.Popen:
         """Start ``command`` with environment ``env`` in a new process group; its output to ``stdout`` if given."""
-        process = subprocess.Popen(list(command), env=dict(env), stdout=stdout, start_new_session=True)
+        env = {**env, PARENT_ENV: str(os.getpid())}
+        process = subprocess.Popen(list(command), env=env, stdout=stdout, start_new_session=True)
         self.processes.append(process)
         return process
 

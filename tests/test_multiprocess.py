@@ -94,17 +94,23 @@ def test_full_restart_restarts_every_process_from_the_checkpoint(run_dir, compil
     assert report["samples"] == {"consumed": 12 * 48, "duplicated": 0, "skipped": 0}
 
 
-def test_sigterm_to_the_launcher_kills_every_worker(run_dir):
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGKILL])
+def test_a_launcher_ended_by_a_signal_takes_every_worker_with_it(run_dir, signum):
     command = [sys.executable, "-m", "elastic_trainer", *TINY, "cluster=multiprocess", "trainer.steps=1000",
                f"hydra.run.dir={run_dir}"]
     env = {**os.environ, "ELASTIC_TRAINER_DISABLE_PLUGIN_AUTOLOAD": "1"}
     with subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) as launcher:
+        started = [run_dir / f"process{i}" / ".hydra" for i in range(2)]  # the workers run their Hydra job
         deadline = time.monotonic() + 60
-        while len(processes_of(run_dir)) < 3 and time.monotonic() < deadline:
+        while not all(path.exists() for path in started) and time.monotonic() < deadline:
             time.sleep(0.1)
         assert len(processes_of(run_dir)) == 3, "the launcher did not start its 2 workers"
-        launcher.send_signal(signal.SIGTERM)
-        assert launcher.wait(timeout=30) == 143
+        time.sleep(0.5)
+        launcher.send_signal(signum)
+        assert launcher.wait(timeout=30) == (143 if signum == signal.SIGTERM else -signal.SIGKILL)
+    deadline = time.monotonic() + 10  # SIGKILL: the kernel kills the workers (PR_SET_PDEATHSIG)
+    while processes_of(run_dir) and time.monotonic() < deadline:
+        time.sleep(0.1)
     assert not processes_of(run_dir)
 
 
