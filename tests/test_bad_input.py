@@ -6,7 +6,8 @@ into exit status 2; a test keeps the list complete). Checkpoint directories
 that are a file, unwritable, of another model or with corrupt metadata, a
 strategy name with a typo, and a plugin that fails to import each run through
 the real command line, and the checksums of every file of the checkpoints
-involved are compared before and after.
+involved are compared before and after. The runs share JAX's compilation
+cache with tests/test_fault_matrix.py.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import OmegaConf
 from test_cli import run_cli
 from test_config import compose_config
+from test_fault_matrix import _cache_dir, compilation_cache  # noqa: F401 - the fixture: JAX's compilation cache
 
 import elastic_trainer as et
 from elastic_trainer._cli import EXIT_BAD_INPUT, check_group_choices, check_values
@@ -102,6 +104,8 @@ BAD_VALUES = [
      "strategy.min_slice_count must be at least 1, got 0."),
     ("strategy/scale_down.min_slice_count", ["+strategy=scale_down", "strategy.min_slice_count=5"],
      "strategy.min_slice_count (5) is above the cluster's 4 slices."),
+    ("strategy/scale_down.compile_ahead", ["+strategy=scale_down", "strategy.compile_ahead=maybe"],
+     "strategy.compile_ahead: value 'maybe' is not a valid bool"),
     ("strategy/scale_down.scale_up", ["+strategy=scale_down", "strategy.scale_up=maybe"], "strategy.scale_up: value 'maybe' is not a valid bool"),
     ("strategy/scale_down.batch_policy", ["+strategy=scale_down", "strategy.batch_policy=keep_all"],
      "strategy.batch_policy must be one of ('keep_global', 'keep_per_device'), got 'keep_all'."),
@@ -256,8 +260,8 @@ def checkpoints(existing_run, tmp_path) -> Path:
 
 def resume_cli(checkpoints: Path, run_dir: Path, *case: str, env: dict | None = None):
     """Run the command line on ``checkpoints`` with ``checkpoint.resume=true`` and ``case``."""
-    args = [*overrides(*case, base=LONGER), f"checkpoint.dir={checkpoints}",
-            "checkpoint.resume=true", f"hydra.run.dir={run_dir}"]
+    args = [*overrides(*case, base=LONGER), f"checkpoint.dir={checkpoints}", "checkpoint.resume=true",
+            f"hydra.run.dir={run_dir}", f"trainer.compilation_cache_dir={_cache_dir[0]}"]  # compiled in this process
     if env is None:
         return run_cli(*args, timeout=120)
     return subprocess.run([sys.executable, "-m", "elastic_trainer", *args], capture_output=True, text=True,
