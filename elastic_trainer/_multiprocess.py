@@ -13,11 +13,12 @@ from collections.abc import Sequence
 
 import jax
 import psutil
+from jax._src import xla_bridge
 from jax.experimental.multihost_utils import ProcessFailureError, live_devices
 from jaxtyping import PyTree
 
 from ._cluster import AbstractCluster
-from ._failures import ConfigError, SliceLostError, check_at_least
+from ._failures import ConfigError, SliceLostError, StepTimeoutError, check_at_least
 
 PROCESS_ID_ENV = "ELASTIC_TRAINER_PROCESS_ID"
 """Set by the local launcher to a worker's process id; unset, JAX detects it (Slurm, Kubernetes, Cloud TPU)."""
@@ -119,6 +120,11 @@ class MultiprocessCluster(AbstractCluster):
         """Join the job: configure JAX's CPU collectives and recoverability, then ``jax.distributed.initialize``."""
         if jax.distributed.is_initialized():
             return
+        if xla_bridge.backends_are_initialized():  # too late to configure collectives and device counts
+            raise ConfigError(
+                "cluster=multiprocess must configure JAX before any JAX operation runs in this process; "
+                "start it with python -m elastic_trainer, or build the cluster first."
+            )
         if self.platform == "cpu":
             jax.config.update("jax_platforms", "cpu")
             jax.config.update("jax_cpu_collectives_implementation", "gloo")
@@ -222,11 +228,12 @@ class MultiprocessCluster(AbstractCluster):
         First the processes stuck before the step are found and killed (a
         stuck process would never reach the next barrier); then the live
         processes agree on who died, and a lost slice is raised as
-        ``DATA_LOSS`` (``DEADLINE_EXCEEDED`` when it was stuck). Returns when
-        no process was lost. Either way it first waits until the failed
-        step's collectives have given up (``collective_timeout_s``): until
-        then they hold this process's devices, and a new step would queue
-        behind them.
+        ``DATA_LOSS`` (``DEADLINE_EXCEEDED`` when it was stuck). A collective
+        that timed out while every process lives is a ``DEADLINE_EXCEEDED``
+        with no slice lost (the step is retried); any other error stands.
+        Either way it first waits until the failed step's collectives have
+        given up (``collective_timeout_s``): until then they hold this
+        process's devices, and a new step would queue behind them.
         """
         draining = threading.Thread(target=_wait_quietly, args=(pending,), name="et-drain", daemon=True)
         draining.start()
@@ -235,6 +242,12 @@ class MultiprocessCluster(AbstractCluster):
             self.check_step(slices, since=since)
         finally:
             draining.join(self.collective_timeout_s + 5)
+        if "timed out" in str(error).lower():  # every process lives: a peer was only slow (a busy machine)
+            raise StepTimeoutError(
+                f"DEADLINE_EXCEEDED: a collective timed out (cluster.collective_timeout_s="
+                f"{self.collective_timeout_s}) but every process lives: {error}",
+                slices=(),
+            ) from error
 
     def _agree_on_live_processes(self) -> None:
         """Wait for every live process here (``live_devices``' barrier); note who died since last time."""

@@ -19,7 +19,7 @@ from elastic_trainer._multiprocess import STUCK_GRACE_S
 
 TINY = ["model.d_model=32", "model.num_heads=2", "model.num_layers=1", "data.max_bytes=200000"]
 THREE = [
-    "cluster=multiprocess", "cluster.num_processes=3", "cluster.heartbeat_timeout_s=3", "cluster.collective_timeout_s=4",
+    "cluster=multiprocess", "cluster.num_processes=3", "cluster.heartbeat_timeout_s=3", "cluster.collective_timeout_s=6",
 ]
 
 
@@ -54,7 +54,7 @@ def compile_cache(tmp_path_factory):
 
 
 def test_scale_down_survives_a_stuck_and_a_killed_process_with_no_step_lost(run_dir, compile_cache):
-    step_timeout_s, heartbeat_s = 6, 3
+    step_timeout_s, heartbeat_s = 8, 3
     result = run_cli(
         *TINY, *THREE, f"trainer.step_timeout_s={step_timeout_s}", "trainer.steps=12", compile_cache,
         "+strategy=scale_down", "+chaos=schedule",
@@ -64,7 +64,8 @@ def test_scale_down_survives_a_stuck_and_a_killed_process_with_no_step_lost(run_
     report = report_of(run_dir)
     assert report["steps_completed"] == 12
     assert report["cluster"]["kind"] == "multiprocess" and report["cluster"]["processes"] == 3
-    stuck, killed = report["failures"]
+    # on a busy machine a slow peer can also time a collective out: that step is retried, with no slice lost
+    stuck, killed = [failure for failure in report["failures"] if failure["slices"]]
     assert (stuck["step"], stuck["slices"], stuck["kind"]) == (4, [2], "slice_hung")
     assert (killed["step"], killed["slices"], killed["kind"]) == (7, [1], "slice_lost")
     for failure, slices_after in ((stuck, 2), (killed, 1)):
@@ -87,7 +88,7 @@ def test_full_restart_restarts_every_process_from_the_checkpoint(run_dir, compil
     assert result.returncode == 0, result.stderr
     report = report_of(run_dir)
     assert report["steps_completed"] == 12 and report["workers"] == 2
-    (failure,) = report["failures"]
+    (failure,) = [failure for failure in report["failures"] if failure["slices"]]
     assert (failure["action"], failure["restored_from"], failure["lost_steps"]) == ("full_restart", "checkpoint", 2)
     first, second = report["process_exits"]
     assert first["exit_codes"] == [75, 75, -signal.SIGKILL] and second["exit_codes"] == [0, 0, 0]
