@@ -15,8 +15,6 @@ import psutil
 import pytest
 from test_cli import run_cli
 
-from elastic_trainer._multiprocess import STUCK_GRACE_S
-
 TINY = ["model.d_model=32", "model.num_heads=2", "model.num_layers=1", "data.max_bytes=200000"]
 THREE = [
     "cluster=multiprocess", "cluster.num_processes=3", "cluster.heartbeat_timeout_s=3", "cluster.collective_timeout_s=6",
@@ -54,7 +52,7 @@ def compile_cache(tmp_path_factory):
 
 
 def test_scale_down_survives_a_stuck_and_a_killed_process_with_no_step_lost(run_dir, compile_cache):
-    step_timeout_s, heartbeat_s = 8, 3
+    step_timeout_s, heartbeat_s = 12, 3
     result = run_cli(
         *TINY, *THREE, f"trainer.step_timeout_s={step_timeout_s}", "trainer.steps=12", compile_cache,
         "+strategy=scale_down", "+chaos=schedule",
@@ -70,10 +68,10 @@ def test_scale_down_survives_a_stuck_and_a_killed_process_with_no_step_lost(run_
     assert (killed["step"], killed["slices"], killed["kind"]) == (7, [1], "slice_lost")
     for failure, slices_after in ((stuck, 2), (killed, 1)):
         assert (failure["restored_from"], failure["lost_steps"], failure["slices_after"]) == ("replica", 0, slices_after)
-    # from the moment it got stuck: the collective timeout (below the watchdog), 1 s to tell it from the
-    # processes that reached the step, and the coordination service declaring it dead after it is killed
-    assert 0 < stuck["detection_s"] <= step_timeout_s + heartbeat_s + STUCK_GRACE_S
-    assert 0 < killed["detection_s"] < step_timeout_s + heartbeat_s + STUCK_GRACE_S
+    # from the moment it got stuck: the collective timeout (6 s, below the watchdog's), 1 s to tell it from the
+    # processes that reached the step, and the coordination service declaring it dead once it is killed
+    assert 0 < stuck["detection_s"] <= step_timeout_s + heartbeat_s
+    assert 0 < killed["detection_s"] <= step_timeout_s + heartbeat_s
     assert report["samples"] == {"consumed": 12 * 48, "duplicated": 0, "skipped": 0}
     assert report["checkpoint_saves_skipped"] == [12]  # Orbax's saves need every process of the job
     (attempt,) = report["process_exits"]
