@@ -36,6 +36,10 @@ def test_benchmark_sweep_runs_every_strategy_and_writes_tables_and_plots(tmp_pat
         assert accounted == pytest.approx(report["wall_s"], rel=0.01), strategy
     kept = [report_of(job_dirs[s])["failures"][0] for s in ("pause_resume", "scale_down")]
     assert [(f["restored_from"], f["lost_steps"]) for f in kept] == [("replica", 0), ("replica", 0)]
+    assert report_of(job_dirs["scale_down"])["failures"][0]["slices_after"] == 3
+    # the same global batches in the same order under every strategy: the same training
+    final_losses = [report_of(job_dir)["final_loss"] for job_dir in job_dirs.values()]
+    assert final_losses == pytest.approx([final_losses[0]] * 3, rel=1e-4)
 
     # full_restart really ran a second worker process, restored the checkpoint of step 10 and lost 2 steps
     restarted = report_of(job_dirs["full_restart"])

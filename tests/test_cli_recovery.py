@@ -32,11 +32,6 @@ def failure_free_dir(tmp_path_factory):
     return run_dir
 
 
-@pytest.fixture(scope="module")
-def failure_free(failure_free_dir):
-    return report_of(failure_free_dir)
-
-
 def saved_state(checkpoint_dir):
     """The arrays of a checkpoint, read with plain Orbax."""
     with ocp.CheckpointManager(checkpoint_dir) as manager:
@@ -65,19 +60,6 @@ def test_a_process_killed_during_a_save_resumes_from_the_previous_complete_check
     resumed, uninterrupted = saved_state(tmp_path / "checkpoints"), saved_state(failure_free_dir / "checkpoints")
     for a, b in zip(jax.tree.leaves(resumed), jax.tree.leaves(uninterrupted), strict=True):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
-
-
-def test_scale_down_finishes_on_the_live_slices_on_the_same_trajectory(tmp_path, failure_free):
-    result = run_cli(*TINY, "+strategy=scale_down", *failure_at(10, 1), f"hydra.run.dir={tmp_path}")
-    assert result.returncode == 0, result.stderr
-    report = report_of(tmp_path)
-    assert report["strategy"] == "scale_down"
-    assert report["steps_completed"] == 20
-    (failure,) = report["failures"]
-    assert (failure["restored_from"], failure["lost_steps"]) == ("replica", 0)
-    assert (failure["slices_before"], failure["slices_after"]) == (4, 3)
-    assert report["samples"] == {"consumed": 20 * 48, "duplicated": 0, "skipped": 0}
-    assert report["final_loss"] == pytest.approx(failure_free["final_loss"], rel=0.02)
 
 
 def test_no_strategy_stops_and_names_the_option(tmp_path):

@@ -68,7 +68,7 @@ TABLE = Path(__file__).parents[1] / "docs" / "fault_matrix.md"
 WRITE_TABLE_ENV = "ELASTIC_TRAINER_WRITE_FAULT_MATRIX"
 
 STRATEGIES = {
-    "scale_down": lambda: ScaleDown(),
+    "scale_down": lambda: ScaleDown(compile_ahead=False),  # the CLI tests cover compiling ahead
     "pause_resume": lambda: PauseResume(timeout_s=30),
     "full_restart": lambda: FullRestart(max_restarts=3),
 }
