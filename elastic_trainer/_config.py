@@ -281,7 +281,6 @@ class Config:
                                   f"{StdlibText.vocab_size} tokens; byte-level text needs {StdlibText.vocab_size}.")
 
 
-
 def register_configs() -> None:
     """Put the schemas in Hydra's ConfigStore, where ``conf/`` refers to them."""
     store = ConfigStore.instance()

@@ -41,14 +41,16 @@ def supervise(*, overrides: list[str], run_dir: Path, max_restarts: int, started
     exit status for the command line.
     """
     kept = [o for o in overrides if not o.startswith(("hydra.run.dir=", "checkpoint.resume="))]
-    reports, ledgers, resume = [], [], []
+    resume = [o for o in overrides if o.startswith("checkpoint.resume=")]  # the first worker does as asked
+    reports, ledgers = [], []
     while True:
         attempt = len(reports)
         # a worker is one run, even when its supervisor is one job of a multirun
         command = [sys.executable, "-m", "elastic_trainer", *kept, f"hydra.run.dir={run_dir}", "hydra.mode=RUN", *resume]
+        launched_at = time.time()
         status = run_worker(command, env={**os.environ, WORKER_ENV: str(attempt)})
         report_file, samples_file, events_file = (run_dir / name for name in ("report.json", "samples.npz", EVENTS))
-        if not report_file.exists():
+        if not report_file.exists() or report_file.stat().st_mtime < launched_at:  # none, or an earlier run's
             return status  # the worker failed before training (bad input): it said why
         reports.append(json.loads(report_file.read_text()))
         report_file.rename(run_dir / f"report.worker{attempt}.json")

@@ -50,7 +50,9 @@ def test_a_process_killed_during_a_save_resumes_from_the_previous_complete_check
     assert training.returncode == -signal.SIGKILL and in_progress.exists(), "the kill did not land during the save"
     assert not (tmp_path / "checkpoints" / "8").exists()
 
-    result = run_cli(*TINY, "checkpoint.period=2", "checkpoint.resume=true", f"hydra.run.dir={tmp_path}")
+    # resumed under the full_restart supervisor: the user's checkpoint.resume reaches its first worker
+    result = run_cli(*TINY, "checkpoint.period=2", "checkpoint.resume=true", "+strategy=full_restart",
+                     f"hydra.run.dir={tmp_path}")
     assert result.returncode == 0, result.stderr
     report = report_of(tmp_path)
     assert report["resumed_from"] == 6 and report["steps_completed"] == 20
