@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import importlib
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +17,7 @@ from omegaconf.errors import MissingMandatoryValue, OmegaConfBaseException
 from ._checkpoint import Checkpointer, check_period
 from ._data import StdlibText
 from ._failures import ConfigError, check_at_least
+from ._pathways import _pathwaysutils_elastic
 from ._period import check_mtbf
 from ._trainer import Trainer
 
@@ -93,15 +95,29 @@ class MultiprocessClusterConfig:
     launcher: str = "local"
 
     def __post_init__(self):
+        # checked here, not only by MultiprocessCluster: the local launcher checks the config before it starts
+        # any process, and the cluster itself is built only in the processes it starts
         check_at_least("cluster.num_processes", self.num_processes, 1)
+        if self.devices_per_process is not None:
+            check_at_least("cluster.devices_per_process", self.devices_per_process, 1)
         check_at_least("cluster.processes_per_slice", self.processes_per_slice, 1)
         if self.num_processes % self.processes_per_slice:
             raise ConfigError(
                 f"cluster.processes_per_slice ({self.processes_per_slice}) must divide "
-                f"cluster.num_processes ({self.num_processes})."
+                f"cluster.num_processes ({self.num_processes}); a slice is that many whole processes."
+            )
+        for name in ("heartbeat_timeout_s", "collective_timeout_s", "initialization_timeout_s"):
+            check_at_least(f"cluster.{name}", getattr(self, name), 1)  # whole seconds: JAX's and XLA's own units
+        if self.platform not in ("cpu", None):
+            raise ConfigError(
+                f"cluster.platform must be 'cpu' (gloo collectives between processes on CPU) or null "
+                f"(JAX's default platform and its collectives), got {self.platform!r}."
             )
         if self.launcher not in ("local", "none"):
-            raise ConfigError(f"cluster.launcher must be 'local' or 'none', got {self.launcher!r}.")
+            raise ConfigError(
+                f"cluster.launcher must be 'local' (the command starts the processes here) or 'none' "
+                f"(a scheduler started them), got {self.launcher!r}."
+            )
 
 
 @dataclasses.dataclass
@@ -220,6 +236,32 @@ class PathwaysClusterConfig:
     _target_: str = "elastic_trainer.PathwaysCluster"
     health_checker: str | None = None
 
+    def __post_init__(self):
+        # the class is looked up here, as PathwaysCluster does, so that a bad name is said in one sentence that names
+        # the field (not as the cluster failing to build)
+        if self.health_checker is None:
+            return
+        module, _, name = self.health_checker.partition(":")
+        if not (all(part.isidentifier() for part in module.split(".")) and name.isidentifier()):
+            raise ConfigError(
+                f"cluster.health_checker must be 'module:Class' (a subclass of pathwaysutils' SliceHealthChecker) "
+                f"or null for pathwaysutils' default, got {self.health_checker!r}."
+            )
+        checker_base = _pathwaysutils_elastic().SliceHealthChecker  # pathwaysutils missing: how to install it
+        try:
+            checker = getattr(importlib.import_module(module), name)
+        except Exception as error:  # noqa: BLE001 - whatever importing the user's module raises
+            detail = (str(error).splitlines() or [""])[0].rstrip(".")
+            raise ConfigError(
+                f"cluster.health_checker {self.health_checker!r} cannot be loaded ({type(error).__name__}: "
+                f"{detail}); name an importable 'module:Class', or null for pathwaysutils' default."
+            ) from error
+        if not (isinstance(checker, type) and issubclass(checker, checker_base)):
+            raise ConfigError(
+                f"cluster.health_checker {self.health_checker!r} is not a subclass of pathwaysutils' "
+                f"SliceHealthChecker; name one, or null for pathwaysutils' default."
+            )
+
 
 @dataclasses.dataclass
 class FallbackConfig:
@@ -279,6 +321,16 @@ class Config:
             if self.model.vocab_size < StdlibText.vocab_size:
                 raise ConfigError(f"model.vocab_size ({self.model.vocab_size}) must be at least the data's "
                                   f"{StdlibText.vocab_size} tokens; byte-level text needs {StdlibText.vocab_size}.")
+        cluster = self.cluster
+        if isinstance(cluster, MultiprocessClusterConfig) and cluster.devices_per_process is not None:
+            # the trainer checks this too, but only in the processes the local launcher has already started
+            devices = cluster.num_processes * cluster.devices_per_process
+            if self.trainer.global_batch_size % devices:
+                raise ConfigError(
+                    f"trainer.global_batch_size ({self.trainer.global_batch_size}) must be divisible by the job's "
+                    f"{devices} devices (cluster.num_processes={cluster.num_processes} x "
+                    f"cluster.devices_per_process={cluster.devices_per_process}); change one of them."
+                )
 
 
 def register_configs() -> None:

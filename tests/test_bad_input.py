@@ -4,10 +4,11 @@ Every field of every config schema has an out-of-bounds value here (checked
 in-process: ``build_trainer`` raises :class:`ConfigError`, which the CLI turns
 into exit status 2; a test keeps the list complete). Checkpoint directories
 that are a file, unwritable, of another model or with corrupt metadata, a
-strategy name with a typo, and a plugin that fails to import each run through
-the real command line, and the checksums of every file of the checkpoints
-involved are compared before and after. The runs share JAX's compilation
-cache with tests/test_fault_matrix.py.
+strategy name with a typo, a plugin that fails to import, and a bad value of
+the multi-process cluster (which must stop before the launcher starts a
+process) each run through the real command line, and the checksums of every
+file of the checkpoints involved are compared before and after. The runs share
+JAX's compilation cache with tests/test_fault_matrix.py.
 """
 
 from __future__ import annotations
@@ -76,6 +77,41 @@ BAD_VALUES = [
     ("cluster/simulated.slices", ["cluster.slices=0"], "cluster.slices must be at least 1, got 0."),
     ("cluster/simulated.devices_per_slice", ["cluster.devices_per_slice=-2"],
      "cluster.devices_per_slice must be at least 1, got -2."),
+    ("cluster/multiprocess.num_processes", ["cluster=multiprocess", "cluster.num_processes=0"],
+     "cluster.num_processes must be at least 1, got 0."),
+    ("cluster/multiprocess.num_processes", ["cluster=multiprocess", "cluster.num_processes=5"],
+     "trainer.global_batch_size (48) must be divisible by the job's 10 devices (cluster.num_processes=5 x "
+     "cluster.devices_per_process=2); change one of them."),
+    ("cluster/multiprocess.devices_per_process", ["cluster=multiprocess", "cluster.devices_per_process=0"],
+     "cluster.devices_per_process must be at least 1, got 0."),
+    ("cluster/multiprocess.processes_per_slice", ["cluster=multiprocess", "cluster.processes_per_slice=0"],
+     "cluster.processes_per_slice must be at least 1, got 0."),
+    ("cluster/multiprocess.processes_per_slice", ["cluster=multiprocess", "cluster.processes_per_slice=3"],
+     "cluster.processes_per_slice (3) must divide cluster.num_processes (2); a slice is that many whole processes."),
+    ("cluster/multiprocess.heartbeat_timeout_s", ["cluster=multiprocess", "cluster.heartbeat_timeout_s=0"],
+     "cluster.heartbeat_timeout_s must be at least 1, got 0."),
+    ("cluster/multiprocess.collective_timeout_s", ["cluster=multiprocess", "cluster.collective_timeout_s=-1"],
+     "cluster.collective_timeout_s must be at least 1, got -1."),
+    ("cluster/multiprocess.initialization_timeout_s", ["cluster=multiprocess", "cluster.initialization_timeout_s=0"],
+     "cluster.initialization_timeout_s must be at least 1, got 0."),
+    ("cluster/multiprocess.platform", ["cluster=multiprocess", "cluster.platform=gpu"],
+     "cluster.platform must be 'cpu' (gloo collectives between processes on CPU) or null (JAX's default platform "
+     "and its collectives), got 'gpu'."),
+    ("cluster/multiprocess.launcher", ["cluster=multiprocess", "cluster.launcher=slurm"],
+     "cluster.launcher must be 'local' (the command starts the processes here) or 'none' (a scheduler started "
+     "them), got 'slurm'."),
+    ("cluster/pathways.health_checker", ["cluster=pathways", "cluster.health_checker=MyChecker"],
+     "cluster.health_checker must be 'module:Class' (a subclass of pathwaysutils' SliceHealthChecker) or null for "
+     "pathwaysutils' default, got 'MyChecker'."),
+    ("cluster/pathways.health_checker", ["cluster=pathways", "cluster.health_checker=no_such_module:Checker"],
+     "cluster.health_checker 'no_such_module:Checker' cannot be loaded (ModuleNotFoundError: No module named "
+     "'no_such_module'); name an importable 'module:Class', or null for pathwaysutils' default."),
+    ("cluster/pathways.health_checker", ["cluster=pathways", "cluster.health_checker=pathwaysutils.elastic.elastic:Nope"],
+     "cluster.health_checker 'pathwaysutils.elastic.elastic:Nope' cannot be loaded (AttributeError: module "
+     "'pathwaysutils.elastic.elastic' has no attribute 'Nope');"),
+    ("cluster/pathways.health_checker", ["cluster=pathways", "cluster.health_checker=collections:OrderedDict"],
+     "cluster.health_checker 'collections:OrderedDict' is not a subclass of pathwaysutils' SliceHealthChecker; "
+     "name one, or null for pathwaysutils' default."),
     ("model/transformer.vocab_size", ["model.vocab_size=0"], "model.vocab_size must be at least 1, got 0."),
     ("model/transformer.vocab_size", ["model.vocab_size=100"],
      "model.vocab_size (100) must be at least the data's 256 tokens;"),
@@ -152,11 +188,6 @@ BAD_GROUP_OPTIONS = [
     ("config.strategy", "+strategy=scale_dwon", "there is no strategy 'scale_dwon' (did you mean +strategy=scale_down?)"),
     ("config.chaos", "+chaos=schedul", "there is no chaos 'schedul' (did you mean +chaos=schedule?)"),
 ]
-PENDING_SCHEMAS = {
-    "cluster/multiprocess": "the multi-process cluster is being built (issue #6); its fields get bad values with it",
-    "cluster/pathways": "needs pathwaysutils and a Pathways job; its one field names a health-checker class",
-}
-
 
 def schema_fields() -> set[str]:
     """Every value field of every schema in Hydra's ConfigStore: ``trainer.steps``, ``strategy/scale_down.max_retries``.
@@ -169,9 +200,7 @@ def schema_fields() -> set[str]:
     schemas = {"config": OmegaConf.get_type(store.load("base_config.yaml").node)}
     for group in store.list("schema"):
         for name in store.list(f"schema/{group}"):
-            option = f"{group}/{name.removesuffix('.yaml')}"
-            if option not in PENDING_SCHEMAS:
-                schemas[option] = OmegaConf.get_type(store.load(f"schema/{group}/{name}").node)
+            schemas[f"{group}/{name.removesuffix('.yaml')}"] = OmegaConf.get_type(store.load(f"schema/{group}/{name}").node)
     fields: set[str] = set()
 
     def walk(prefix: str, schema: type) -> None:
@@ -277,14 +306,17 @@ def assert_fails_with(result, message: str) -> None:
 
 
 @pytest.mark.parametrize(("case", "message"), [
-    ("cluster.slices=0", "cluster.slices must be at least 1, got 0."),
-    ("trainer.steps=ten", "trainer.steps: value 'ten' of type 'str' could not be converted to Integer."),
-])
+    (["cluster.slices=0"], "cluster.slices must be at least 1, got 0."),
+    (["trainer.steps=ten"], "trainer.steps: value 'ten' of type 'str' could not be converted to Integer."),
+    # the multi-process launcher checks the config before it starts any process (each would say it again)
+    (["cluster=multiprocess", "cluster.heartbeat_timeout_s=0"], "cluster.heartbeat_timeout_s must be at least 1, got 0."),
+], ids=["slices", "steps", "multiprocess"])
 def test_a_bad_value_through_the_cli_touches_no_checkpoint(checkpoints, tmp_path, case, message):
     before = checksums(checkpoints)
-    result = resume_cli(checkpoints, tmp_path / "run", case)
+    result = resume_cli(checkpoints, tmp_path / "run", *case)
     assert_fails_with(result, message)
     assert checksums(checkpoints) == before
+    assert not list((tmp_path / "run").glob("process*")), "a worker process was started"
 
 
 def test_a_strategy_name_with_a_typo_suggests_the_closest_and_touches_no_checkpoint(checkpoints, tmp_path):
@@ -452,6 +484,18 @@ def test_a_plugin_that_fails_to_import_is_named_and_touches_no_checkpoint(checkp
     assert_fails_with(result, "plugin 'broken' (broken_plugin_that_is_not_there) failed to import: No module named "
                               "'broken_plugin_that_is_not_there'; fix or uninstall it")
     assert checksums(checkpoints) == before
+
+
+@pytest.mark.parametrize("case", [[], ["cluster.health_checker=pathwaysutils.elastic.elastic:DefaultSliceHealthChecker"]],
+                         ids=["default", "health_checker"])
+def test_pathways_without_pathwaysutils_says_how_to_install_it(monkeypatch, case):
+    for module in ("pathwaysutils", "pathwaysutils.elastic", "pathwaysutils.elastic.elastic"):
+        monkeypatch.setitem(sys.modules, module, None)  # as if the `pathways` extra were not installed
+    with pytest.raises(et.ConfigError) as error:
+        build_trainer(compose_config(*TINY, "cluster=pathways", *case))
+    assert str(error.value).startswith("cluster=pathways needs pathwaysutils (")
+    assert str(error.value).endswith("; install it with pip install 'elastic-trainer[pathways]'.")
+    one_sentence(str(error.value))
 
 
 def test_a_strategy_whose_module_fails_to_import_is_one_sentence():
