@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import shutil
 import socket
@@ -11,13 +10,9 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
-from rich.console import Console
-
 from ._multiprocess import COORDINATOR_ENV, PROCESS_ID_ENV
 from ._processes import POLL_S, ProcessGroup, terminate_on_sigterm
-from ._report import merge_worker_reports, summary_table
-from ._supervisor import EVENTS, RESTART_EXIT_CODE, WORKER_ENV, merge_worker_events
+from ._supervisor import EVENTS, RESTART_EXIT_CODE, WORKER_ENV, restart_until_done, worker_file
 
 FOLLOW_S = 120.0
 """Once a process ended by itself (done, stopped, or asking for a restart), the others must end within this."""
@@ -39,48 +34,34 @@ def launch(*, overrides: list[str], run_dir: Path, num_processes: int, max_resta
     its own, all killed when the launcher ends for any reason (SIGTERM and
     Ctrl-C included). When the processes ask for a restart (exit status 75:
     ``full_restart``, or a group that must be re-formed), every process is
-    started again, with a new coordination service, and resumes from the
-    last complete checkpoint. Each attempt's report (that of its lowest
-    surviving process) is kept as ``report.worker<N>.json`` and all are
-    merged into ``report.json``, as a full restart's supervisor does.
+    started again, with a new coordination service, and goes on as a full
+    restart's worker does (:func:`restart_until_done`). Each attempt's report
+    is that of its lowest surviving process; the merged ``report.json`` adds
+    ``process_exits``, every process's exit status per attempt.
     """
-    kept = [o for o in overrides if not o.startswith(("hydra.run.dir=", "checkpoint.resume="))]
-    if not any(o.startswith("checkpoint.dir=") for o in kept):
-        kept.append(f"checkpoint.dir={run_dir / 'checkpoints'}")
-    reports, ledgers, exits = [], [], []
-    resume: list[str] = []
-    while True:
-        attempt = len(reports)
-        codes, exited_at = _run_attempt(kept + resume, run_dir=run_dir, num_processes=num_processes, attempt=attempt)
+    if not any(o.startswith("checkpoint.dir=") for o in overrides):
+        overrides = [*overrides, f"checkpoint.dir={run_dir / 'checkpoints'}"]
+    exits: list[dict] = []
+
+    def run_attempt(process_overrides: list[str], attempt: int) -> tuple[int, bool]:
+        codes, exited_at = _run_processes(process_overrides, run_dir=run_dir, num_processes=num_processes,
+                                          attempt=attempt)
         exits.append({"attempt": attempt, "exit_codes": codes, "exited_at": exited_at})
         survivor = next((i for i in range(num_processes) if (run_dir / f"process{i}" / "report.json").exists()), None)
         if survivor is None:
-            return next((c for c in codes if c), 3)  # no process got to train (bad input): they said why
+            return next((c for c in codes if c), 3), False  # no process got to train (bad input): they said why
         for i in range(num_processes):
             _keep_attempt(run_dir / f"process{i}", attempt, into=run_dir if i == survivor else None)
-        reports.append(json.loads((run_dir / f"report.worker{attempt}.json").read_text()))
-        with np.load(run_dir / f"samples.worker{attempt}.npz") as samples:
-            ledgers.append(dict(samples))
-        status = _job_status(codes)
-        if status != RESTART_EXIT_CODE:
-            break
-        if attempt >= max_restarts:
-            reports[-1]["stopped"] = f"the group gave up after {max_restarts} restarts (strategy.max_restarts)."
-            status = 3
-            break
-        print(f"elastic_trainer: launcher: restarting all {num_processes} processes (restart {attempt + 1})", flush=True)
-        resume = ["checkpoint.resume=true"]
-    report = merge_worker_reports(reports, ledgers, started_at=started_at)
-    report["process_exits"] = exits
-    report_file = run_dir / "report.json"
-    report_file.write_text(json.dumps(report, indent=2) + "\n")
-    merge_worker_events(run_dir, report, workers=len(reports))
-    Console().print(summary_table(report))
-    print(f"report: {report_file}")
-    return status
+        return _job_status(codes), True
+
+    return restart_until_done(
+        run_attempt, overrides=overrides, run_dir=run_dir, max_restarts=max_restarts, started_at=started_at,
+        restarting=f"all {num_processes} processes", giving_up="the group",
+        report_extras=lambda: {"process_exits": exits},
+    )
 
 
-def _run_attempt(overrides: list[str], *, run_dir: Path, num_processes: int, attempt: int) -> tuple[list, list]:
+def _run_processes(overrides: list[str], *, run_dir: Path, num_processes: int, attempt: int) -> tuple[list, list]:
     """Start every process and wait for all of them; their exit statuses and when each was seen to end."""
     env = {**os.environ, WORKER_ENV: str(attempt), COORDINATOR_ENV: f"127.0.0.1:{free_port()}"}
     with terminate_on_sigterm(), ProcessGroup() as group:
@@ -124,4 +105,4 @@ def _keep_attempt(process_dir: Path, attempt: int, *, into: Path | None) -> None
             continue
         kept = source.rename(process_dir / f"{name}.attempt{attempt}{suffix}")
         if into is not None:
-            shutil.copyfile(kept, into / f"{name}.worker{attempt}{suffix}")
+            shutil.copyfile(kept, into / worker_file(source.name, attempt))

@@ -6,7 +6,9 @@ import json
 import os
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from rich.console import Console
@@ -22,6 +24,10 @@ RESTART_EXIT_CODE = 75
 WORKER_ENV = "ELASTIC_TRAINER_WORKER"
 """Set in a worker's environment to its attempt number; a worker never supervises."""
 
+RunAttempt = Callable[[list[str], int], tuple[int, bool]]
+"""Runs attempt ``N`` with the given overrides; its exit status, and whether it trained (then it left
+``report.worker<N>.json``, ``samples.worker<N>.npz`` and ``events.worker<N>.jsonl`` in the run directory)."""
+
 
 def is_worker() -> bool:
     """Whether this process is a worker started by a supervisor."""
@@ -35,44 +41,73 @@ def supervise(*, overrides: list[str], run_dir: Path, max_restarts: int, started
     restores the last complete checkpoint (``checkpoint.resume=true``), so a
     restart costs what it costs. A worker runs in a process group of its own,
     killed when the supervisor ends for any reason (SIGTERM and Ctrl-C
-    included), so no worker outlives it. The workers' reports are kept as
-    ``report.worker<N>.json`` (and ``events.worker<N>.jsonl``) and merged into
-    one ``report.json`` (and ``events.jsonl``). Returns the
-    exit status for the command line.
+    included), so no worker outlives it. Returns the exit status for the
+    command line.
+    """
+    def run_attempt(worker_overrides: list[str], attempt: int) -> tuple[int, bool]:
+        # a worker is one run, even when its supervisor is one job of a multirun
+        command = [sys.executable, "-m", "elastic_trainer", *worker_overrides, f"hydra.run.dir={run_dir}",
+                   "hydra.mode=RUN"]
+        launched_at = time.time()
+        status = run_worker(command, env={**os.environ, WORKER_ENV: str(attempt)})
+        report_file = run_dir / "report.json"
+        if not report_file.exists() or report_file.stat().st_mtime < launched_at:  # none, or an earlier run's
+            return status, False  # the worker failed before training (bad input): it said why
+        for name in ("report.json", "samples.npz", EVENTS):
+            (run_dir / name).rename(run_dir / worker_file(name, attempt))
+        return status, True
+
+    return restart_until_done(run_attempt, overrides=overrides, run_dir=run_dir, max_restarts=max_restarts,
+                              started_at=started_at, restarting="the worker", giving_up="full_restart")
+
+
+def restart_until_done(
+    run_attempt: RunAttempt, *, overrides: list[str], run_dir: Path, max_restarts: int, started_at: float,
+    restarting: str, giving_up: str, report_extras: Callable[[], dict[str, Any]] = dict,
+) -> int:
+    """Run attempts until one ends other than by asking for a restart; merge their reports; the exit status.
+
+    The first attempt does as the user asked (``checkpoint.resume=`` included);
+    a restart resumes from the last complete checkpoint, or starts over from
+    step 0 when the failure came before the first one. The attempts' reports
+    are kept as ``report.worker<N>.json`` (and ``events.worker<N>.jsonl``) and
+    merged into one ``report.json`` (and ``events.jsonl``), with
+    ``report_extras()`` added. Used by the ``full_restart`` supervisor and the
+    multi-process launcher alike.
     """
     kept = [o for o in overrides if not o.startswith(("hydra.run.dir=", "checkpoint.resume="))]
-    resume = [o for o in overrides if o.startswith("checkpoint.resume=")]  # the first worker does as asked
+    resume = [o for o in overrides if o.startswith("checkpoint.resume=")]
     reports, ledgers = [], []
     while True:
         attempt = len(reports)
-        # a worker is one run, even when its supervisor is one job of a multirun
-        command = [sys.executable, "-m", "elastic_trainer", *kept, f"hydra.run.dir={run_dir}", "hydra.mode=RUN", *resume]
-        launched_at = time.time()
-        status = run_worker(command, env={**os.environ, WORKER_ENV: str(attempt)})
-        report_file, samples_file, events_file = (run_dir / name for name in ("report.json", "samples.npz", EVENTS))
-        if not report_file.exists() or report_file.stat().st_mtime < launched_at:  # none, or an earlier run's
-            return status  # the worker failed before training (bad input): it said why
-        reports.append(json.loads(report_file.read_text()))
-        report_file.rename(run_dir / f"report.worker{attempt}.json")
-        with np.load(samples_file) as samples:
+        status, trained = run_attempt(kept + resume, attempt)
+        if not trained:
+            return status  # nothing trained (bad input): the attempt said why
+        reports.append(json.loads((run_dir / worker_file("report.json", attempt)).read_text()))
+        with np.load(run_dir / worker_file("samples.npz", attempt)) as samples:
             ledgers.append(dict(samples))
-        samples_file.rename(run_dir / f"samples.worker{attempt}.npz")
-        events_file.rename(run_dir / f"events.worker{attempt}.jsonl")
         if status != RESTART_EXIT_CODE:
             break
         if attempt >= max_restarts:
-            reports[-1]["stopped"] = f"full_restart gave up after {max_restarts} restarts (strategy.max_restarts)."
+            reports[-1]["stopped"] = f"{giving_up} gave up after {max_restarts} restarts (strategy.max_restarts)."
             status = 3
             break
-        print(f"elastic_trainer: supervisor: restarting the worker (restart {attempt + 1})", flush=True)
-        # from the last complete checkpoint; a failure before the first one starts over from step 0
-        resume = ["checkpoint.resume=true"] if reports[-1]["failures"][-1]["restored_from"] == "checkpoint" else []
-    report = merge_worker_reports(reports, ledgers, started_at=started_at)
+        print(f"elastic_trainer: restarting {restarting} (restart {attempt + 1})", flush=True)
+        restored_from = reports[-1]["failures"][-1]["restored_from"]
+        resume = ["checkpoint.resume=true"] if restored_from == "checkpoint" else []
+    report = {**merge_worker_reports(reports, ledgers, started_at=started_at), **report_extras()}
+    report_file = run_dir / "report.json"
     report_file.write_text(json.dumps(report, indent=2) + "\n")
     merge_worker_events(run_dir, report, workers=len(reports))
     Console().print(summary_table(report))
     print(f"report: {report_file}")
     return status
+
+
+def worker_file(name: str, attempt: int) -> str:
+    """What ``name`` (``report.json``) of attempt ``attempt`` is kept as (``report.worker<attempt>.json``)."""
+    stem, _, suffix = name.partition(".")
+    return f"{stem}.worker{attempt}.{suffix}"
 
 
 def run_worker(command: list[str], *, env: dict[str, str]) -> int:
@@ -91,7 +126,7 @@ def merge_worker_events(run_dir: Path, report: dict, *, workers: int) -> None:
     events = [
         {**event, "worker": worker}
         for worker in range(workers)
-        for event in map(json.loads, (run_dir / f"events.worker{worker}.jsonl").read_text().splitlines())
+        for event in map(json.loads, (run_dir / worker_file(EVENTS, worker)).read_text().splitlines())
         if event["event"] not in ("failure", "recovery", "resize")
     ]
     events = sorted(events + report_events(report), key=lambda event: event["time"])
