@@ -1,8 +1,17 @@
-"""Shared fixtures: 8 CPU devices, no entry-point autoloading, a tiny workload."""
+"""Shared fixtures: 8 CPU devices, no entry-point autoloading, a tiny workload, one compilation cache."""
 
 import os
+import shutil
+import tempfile
 
 os.environ["ELASTIC_TRAINER_DISABLE_PLUGIN_AUTOLOAD"] = "1"
+
+# JAX's persistent compilation cache for the whole session, this process and every process a test starts
+# (JAX reads these variables when it starts): the tests compile the same few steps of a tiny model over and
+# over, as a user's runs do with trainer.compilation_cache_dir, and compile time is not what they test.
+COMPILATION_CACHE = tempfile.mkdtemp(prefix="elastic_trainer_tests_jax_cache_")
+os.environ["JAX_COMPILATION_CACHE_DIR"] = COMPILATION_CACHE
+os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
 
 import jax  # noqa: E402
 
@@ -45,3 +54,8 @@ def tiny_trainer_kwargs():
         return kwargs
 
     return make
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """Remove the session's compilation cache."""
+    shutil.rmtree(COMPILATION_CACHE, ignore_errors=True)

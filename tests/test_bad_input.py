@@ -28,7 +28,6 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import OmegaConf
 from test_cli import run_cli
 from test_config import compose_config
-from test_fault_matrix import _cache_dir, compilation_cache  # noqa: F401 - the fixture: JAX's compilation cache
 
 import elastic_trainer as et
 from elastic_trainer._cli import EXIT_BAD_INPUT, check_group_choices, check_values
@@ -290,7 +289,7 @@ def checkpoints(existing_run, tmp_path) -> Path:
 def resume_cli(checkpoints: Path, run_dir: Path, *case: str, env: dict | None = None):
     """Run the command line on ``checkpoints`` with ``checkpoint.resume=true`` and ``case``."""
     args = [*overrides(*case, base=LONGER), f"checkpoint.dir={checkpoints}", "checkpoint.resume=true",
-            f"hydra.run.dir={run_dir}", f"trainer.compilation_cache_dir={_cache_dir[0]}"]  # compiled in this process
+            f"hydra.run.dir={run_dir}"]
     if env is None:
         return run_cli(*args, timeout=120)
     return subprocess.run([sys.executable, "-m", "elastic_trainer", *args], capture_output=True, text=True,

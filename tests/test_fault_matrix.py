@@ -22,9 +22,8 @@ Invariants checked in every cell (:func:`check_invariants`):
   keeps the global batch);
 - no process is left behind.
 
-The cells share JAX's persistent compilation cache (``compilation_cache``),
-as a user's runs do with ``trainer.compilation_cache_dir``: every cell
-compiles the same few layouts, and compile time is not what they test.
+The cells share the session's compilation cache (tests/conftest.py): every
+cell compiles the same few layouts, and compile time is not what they test.
 
 ``ELASTIC_TRAINER_WRITE_FAULT_MATRIX=1 python -m pytest tests/test_fault_matrix.py``
 regenerates docs/fault_matrix.md from the results; without it, the last test
@@ -58,7 +57,6 @@ from elastic_trainer_plugins.chaos import Chaos
 from elastic_trainer_plugins.full_restart import FullRestart
 from elastic_trainer_plugins.pause_resume import PauseResume
 from elastic_trainer_plugins.scale_down import ScaleDown
-from jax._src import compilation_cache as jax_compilation_cache
 
 STEPS, BATCH, FAIL_AT, PERIOD = 6, 24, 3, 2  # BATCH divides over 8, 6, 4 and 2 devices
 FOREVER = 1e9
@@ -95,26 +93,6 @@ STOPS = {("scale_down", "all_slices")}
 
 ROWS: dict[tuple[str, str, str], dict] = {}
 """The results of the cells that passed, for docs/fault_matrix.md."""
-
-
-# ------------------------------------------------------------------ a compilation cache for the module
-
-_cache_dir: list[Path] = []
-
-
-@pytest.fixture(scope="module", autouse=True)
-def compilation_cache(tmp_path_factory):
-    """JAX's persistent compilation cache for this module's runs (one directory per session), off again after."""
-    if not _cache_dir:
-        _cache_dir.append(tmp_path_factory.mktemp("compilation_cache"))
-    before = jax.config.jax_compilation_cache_dir, jax.config.jax_persistent_cache_min_compile_time_secs
-    jax.config.update("jax_compilation_cache_dir", str(_cache_dir[0]))
-    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
-    jax_compilation_cache.reset_cache()  # JAX decides once whether to use the cache: decide again
-    yield
-    jax.config.update("jax_compilation_cache_dir", before[0])
-    jax.config.update("jax_persistent_cache_min_compile_time_secs", before[1])
-    jax_compilation_cache.reset_cache()
 
 
 # ------------------------------------------------------------------ arrays by name
@@ -374,12 +352,11 @@ CLI_TINY = ["model.d_model=32", "model.num_heads=2", "model.num_layers=1", "data
 def test_full_restart_cell_through_the_cli_supervisor(tmp_path):
     run_dir, reference = tmp_path / "run", tmp_path / "failure_free"
     # The same configuration trained in this process without failures, checkpoints and all; its compiles
-    # go into the compilation cache, which the workers read as a user's runs do (trainer.compilation_cache_dir).
+    # go into the session's compilation cache, which the workers read too.
     trainer = build_trainer(compose_config(*CLI_TINY, f"checkpoint.dir={reference}"))
     state, _ = trainer.fit()
     trainer.checkpointer.close()
-    result = run_cli(*CLI_TINY, "+strategy=full_restart", *failure_at(CLI_FAIL_AT, 1), f"hydra.run.dir={run_dir}",
-                     f"trainer.compilation_cache_dir={_cache_dir[0]}")
+    result = run_cli(*CLI_TINY, "+strategy=full_restart", *failure_at(CLI_FAIL_AT, 1), f"hydra.run.dir={run_dir}")
     leftover = [p.pid for p in psutil.process_iter(["cmdline"]) if str(run_dir) in " ".join(p.info["cmdline"] or [])]
 
     assert result.returncode == 0, result.stderr

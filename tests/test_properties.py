@@ -14,12 +14,11 @@ from pathlib import Path
 
 from hypothesis import HealthCheck, Phase, event, given, settings
 from hypothesis import strategies as st
-from test_fault_matrix import (  # noqa: F401 - fixtures: the failure-free run and the compilation cache
+from test_fault_matrix import (  # noqa: F401 - the fixture: the failure-free run
     FOREVER,
     MAX_WORKERS,
     STEPS,
     check_invariants,
-    compilation_cache,
     failure_free,
     run_schedule,
 )
