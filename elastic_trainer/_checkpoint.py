@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import collections
+import logging
 import os
+import threading
+import time
 import warnings
+from collections.abc import Collection
 from pathlib import Path
 from typing import Any, Literal
 
@@ -18,6 +23,9 @@ from ._period import YoungDalyPeriod
 UNREADABLE_SUFFIX = ".unreadable"
 """An unreadable checkpoint that a resumed run reaches again is moved aside to ``<step>.unreadable``."""
 
+REGROUP_TIMEOUT_S = 300
+"""How long the processes of a new save group wait for each other when they form it (Orbax's own barrier timeout)."""
+
 
 class Checkpointer:
     """Saves and restores a train state's arrays, plus JSON metadata, with Orbax.
@@ -30,6 +38,11 @@ class Checkpointer:
     devices, and Orbax commits the files in the background. A restore targets
     abstract arrays with the current shardings, so a checkpoint loads onto
     any mesh.
+
+    In a job of several JAX processes every save is written by all of them
+    together. Once processes are lost, :meth:`regroup` makes the live ones a
+    group of their own (an Orbax manager with ``active_processes``), so that
+    saves go on without the dead; a save that a loss interrupts never commits.
 
     The directory must be a writable directory (it is created if missing), or
     the constructor raises :class:`ConfigError`. A checkpoint found
@@ -62,13 +75,86 @@ class Checkpointer:
         self.auto_period = YoungDalyPeriod(mtbf_s) if period == "auto" else None
         self._next_auto_step = 1  # the first save measures what a save costs
         self._unreadable: set[int] = set()
-        self.manager = ocp.CheckpointManager(
+        self._max_to_keep = max_to_keep
+        self._async_save = async_save
+        self._groups = 0  # how many times the processes regrouped
+        self.processes = frozenset(range(jax.process_count()))
+        """The processes that save together: every process of the job, until :meth:`regroup`."""
+        self._barrier = self._group_barrier(self.processes)
+        self.manager = self._new_manager(active_processes=None, barrier=self._barrier)
+
+    def _new_manager(
+        self, *, active_processes: set[int] | None, barrier: _GroupBarrier | None
+    ) -> ocp.CheckpointManager:
+        """An Orbax manager whose saves synchronize ``active_processes`` (``None``: every process of the job).
+
+        ``barrier`` (with several processes) ends each asynchronous save instead of Orbax's own.
+        """
+        multiprocessing = ocp.options.MultiprocessingOptions()
+        if active_processes is not None:
+            multiprocessing = ocp.options.MultiprocessingOptions(
+                primary_host=min(active_processes),
+                active_processes=set(active_processes),
+                barrier_sync_key_prefix=barrier.name if barrier is not None else None,
+            )
+        return ocp.CheckpointManager(
             self.directory,
             options=ocp.CheckpointManagerOptions(
-                max_to_keep=max_to_keep, enable_async_checkpointing=async_save, create=True
+                max_to_keep=self._max_to_keep,
+                enable_async_checkpointing=self._async_save,
+                create=active_processes is None,  # Orbax refuses to create it for a group; it exists by now
+                multiprocessing_options=multiprocessing,
+                async_options=None if barrier is None else ocp.options.AsyncOptions(barrier_sync_fn=barrier),
             ),
-            item_handlers={"state": _state_handler(), "metadata": ocp.JsonCheckpointHandler()},
+            item_handlers={
+                "state": _state_handler(multiprocessing),
+                "metadata": ocp.JsonCheckpointHandler(multiprocessing_options=multiprocessing),
+            },
         )
+
+    def _group_barrier(self, processes: frozenset[int]) -> _GroupBarrier | None:
+        """A barrier over ``processes``, named anew for each group (Orbax's barrier names repeat at every
+        save, and the old group's may never have completed); ``None`` for a group of one process."""
+        if len(processes) == 1:
+            return None
+        return _GroupBarrier(processes, name=f"elastic_trainer_group{self._groups}")
+
+    def regroup(self, processes: Collection[int]) -> None:
+        """Save over ``processes`` only from now on: the live processes of a job that lost some.
+
+        Every process in ``processes`` must call this, with the same set, at
+        the same point of its loop (after the processes agreed on who lives).
+        A save still being committed is given up: its closing barrier waits
+        for processes that may be dead, so it fails at once, and its step
+        becomes a checkpoint only if every process had written its part
+        already. The survivors then go on with an Orbax manager over
+        ``processes`` (``MultiprocessingOptions.active_processes``) whose
+        barriers have new names. Nothing happens when ``processes`` are the
+        group already. A process left out holds no part of the state: it
+        saves nothing from then on.
+        """
+        processes = frozenset(processes)
+        if processes == self.processes:
+            return
+        if self._barrier is not None:
+            _hide_given_up_saves()
+            self._barrier.abort()
+        try:
+            self.manager.close()  # waits until the given-up save has ended
+        except Exception:  # noqa: BLE001 - the given-up save failed; it committed nothing
+            pass
+        self._groups += 1
+        barrier = self._group_barrier(processes)
+        if barrier is not None and jax.process_index() in processes:
+            # every member's old save has ended (committed or not) before any member lists the steps
+            barrier(key="regrouped", timeout_ms=REGROUP_TIMEOUT_S * 1000)
+        self.processes, self._barrier = processes, barrier
+        if self._saves_here():
+            self.manager = self._new_manager(active_processes=set(processes), barrier=barrier)
+
+    def _saves_here(self) -> bool:
+        """Whether this process takes part in saves (it is in the group)."""
+        return jax.process_index() in self.processes
 
     def due(self, step: int) -> bool:
         """Whether step ``step`` is one to save."""
@@ -93,6 +179,12 @@ class Checkpointer:
 
     def save(self, step: int, arrays: PyTree, metadata: dict[str, Any]) -> None:
         """Start saving ``arrays`` and ``metadata`` as step ``step``."""
+        if not self._saves_here():
+            return
+        if len(self.processes) == 1 and jax.process_count() > 1:
+            # Orbax refuses a jax.Array that one process of several holds whole ("host local"); this process
+            # is the group, so its arrays are written as the numpy arrays they are (restored the same way)
+            arrays = jax.tree.map(np.asarray, arrays)
         if step in self._unreadable:
             self._move_aside(step)
         self.manager.save(
@@ -106,8 +198,11 @@ class Checkpointer:
 
         Orbax commits a step only when its save finished, but a save that
         finished while a slice was lost may hold bad data, so it goes too.
-        Later saves are unaffected.
+        Later saves are unaffected. After a loss of processes, call
+        :meth:`regroup` first: the old group's save may wait for the dead.
         """
+        if not self._saves_here():
+            return
         try:
             self.manager.wait_until_finished()
         except Exception:  # noqa: BLE001 - a failed save committed nothing; the failure is handled by the caller
@@ -181,7 +276,76 @@ class Checkpointer:
         self.manager.close()
 
 
-def _state_handler() -> ocp.PyTreeCheckpointHandler:
+class _SaveGivenUp(RuntimeError):
+    """A save that :meth:`Checkpointer.regroup` gave up: the processes it waited for may be dead."""
+
+
+class _HideGivenUpSaves(logging.Filter):
+    """Drops Orbax's error reports (with tracebacks) of saves given up on purpose."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (record.exc_info and isinstance(record.exc_info[1], _SaveGivenUp))
+
+
+def _hide_given_up_saves() -> None:
+    """Keep Orbax's logger (absl's) from reporting given-up saves as errors; once per process."""
+    logger = logging.getLogger("absl")
+    if not any(isinstance(f, _HideGivenUpSaves) for f in logger.filters):
+        logger.addFilter(_HideGivenUpSaves())
+
+
+class _GroupBarrier:
+    """A barrier over a group of processes for Orbax (``AsyncOptions.barrier_sync_fn``) that can be given up.
+
+    Orbax ends every asynchronous save with barriers in JAX's coordination
+    service. With ``jax_enable_recoverability`` that service does not fail a
+    barrier when a process in it dies: the others wait out the timeout
+    (measured with jax 0.10.2: still waiting after 14 minutes; Orbax's
+    timeout for a commit is 20). This barrier meets in the service's
+    key-value store instead, and :meth:`abort` makes every wait on it, now
+    or later, raise at once.
+
+    :param processes: the processes that meet.
+    :param name: a name no other group of the job uses.
+    """
+
+    poll_s = 0.01
+
+    def __init__(self, processes: Collection[int], *, name: str):
+        self.processes = frozenset(processes)
+        self.name = name
+        self._uses: collections.Counter[str] = collections.Counter()
+        self._lock = threading.Lock()
+        self._aborted = threading.Event()
+
+    def __call__(self, *, key: str, timeout_ms: int) -> None:
+        """Wait until every process of the group has called this with ``key`` as often as this one has."""
+        client = jax._src.distributed.global_state.client
+        with self._lock:
+            self._uses[key] += 1
+            use = self._uses[key]
+        here = f"elastic_trainer/barrier/{self.name}/{key.replace('/', '|')}"
+        client.key_value_set(f"{here}/{use}/{jax.process_index()}", "")
+        deadline = time.monotonic() + timeout_ms / 1000
+        while not self.processes <= self._arrived(client, f"{here}/{use}/"):
+            if self._aborted.is_set():
+                raise _SaveGivenUp(f"checkpoint barrier {key!r} given up: the processes saving together changed")
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"checkpoint barrier {key!r}: processes {sorted(self.processes)} did not all come")
+            self._aborted.wait(self.poll_s)
+        if use > 1:  # every process is past the use before, so its keys are read no more
+            client.key_value_delete(f"{here}/{use - 1}/{jax.process_index()}")
+
+    @staticmethod
+    def _arrived(client, directory: str) -> set[int]:
+        return {int(name.rsplit("/", 1)[1]) for name, _ in client.key_value_dir_get(directory)}
+
+    def abort(self) -> None:
+        """Make every wait, now or later, raise."""
+        self._aborted.set()
+
+
+def _state_handler(multiprocessing: ocp.options.MultiprocessingOptions) -> ocp.PyTreeCheckpointHandler:
     """Orbax's pytree handler, with each array written by one replica only.
 
     Orbax's default (replica-parallel saving) cuts every replicated array
@@ -189,12 +353,16 @@ def _state_handler() -> ocp.PyTreeCheckpointHandler:
     shape compiles on first use, so the first save of a run blocked the step
     loop for seconds (1.4 s against 0.09 s for a 94-array state on 8 CPU
     devices). The registry is our own, so Orbax's global one is untouched.
-    The files are the same format: plain Orbax restores them.
+    The files are the same format: plain Orbax restores them. Numpy arrays
+    (the state of a group of one process in a job of several) are written by
+    process 0.
     """
     registry = ocp.type_handlers.create_type_handler_registry(
-        (jax.Array, ocp.type_handlers.ArrayHandler(use_replica_parallel=False))
+        (jax.Array, ocp.type_handlers.ArrayHandler(primary_host=multiprocessing.primary_host,
+                                                   use_replica_parallel=False)),
+        (np.ndarray, ocp.type_handlers.NumpyHandler()),
     )
-    return ocp.PyTreeCheckpointHandler(type_handler_registry=registry)
+    return ocp.PyTreeCheckpointHandler(type_handler_registry=registry, multiprocessing_options=multiprocessing)
 
 
 def _check_directory(directory: Path) -> None:

@@ -68,10 +68,6 @@ class AbstractCluster(abc.ABC):
         failed step's outputs. By default the error stands as it is.
         """
 
-    def checkpoint_blocker(self) -> str | None:
-        """Why no checkpoint can be saved now (one sentence), or ``None`` when saves work; by default they do."""
-        return None
-
     def surviving(self, tree: PyTree, lost_slices: Sequence[int]) -> PyTree:
         """What is left of ``tree`` once ``lost_slices`` are gone.
 

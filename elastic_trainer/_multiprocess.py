@@ -317,16 +317,6 @@ class MultiprocessCluster(AbstractCluster):
             except (psutil.NoSuchProcess, ProcessLookupError):
                 pass  # dead already, not stuck
 
-    def checkpoint_blocker(self) -> str | None:
-        """Once a process is lost, no checkpoint can be saved: Orbax's saves synchronize every process of the job."""
-        lost = sorted(set(range(self.num_processes)) - self._live)
-        if not lost:
-            return None
-        return (
-            f"process(es) {lost} are lost and Orbax's saves wait for every process of the job; "
-            "a later restart restores the last checkpoint saved before the loss"
-        )
-
     # ------------------------------------------------------------------ failure injection
 
     def fail_slice(self, index: int, *, down_for_s: float) -> None:

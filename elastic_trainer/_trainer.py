@@ -178,7 +178,6 @@ class Trainer:
         self.failures: list[dict[str, Any]] = []
         self.ledger: SampleLedger | None = None  # the samples of committed steps, once fit starts
         self.resizes: list[dict[str, Any]] = []
-        self.skipped_saves: list[int] = []  # checkpoint steps the cluster could not save
 
     @property
     def hook(self) -> GuardedHooks:
@@ -403,6 +402,7 @@ class Trainer:
             "failed_at": failed_at, "detection_s": time.time() - failed_at,
         }
         self.failures.append(record)
+        self._regroup_checkpointer()  # before anything waits for a save that the lost processes were part of
         if not failure.elastic:
             raise TrainingStopped(f"step {step + 1} failed with a fatal error: {error}") from error
         plan = self.hook.et_choose_recovery(trainer=self, failure=failure)
@@ -561,23 +561,21 @@ class Trainer:
     # ------------------------------------------------------------------ checkpoints
 
     def _save(self, step: int, arrays: PyTree, position: int) -> None:
-        """Save ``step``; if a slice is lost meanwhile, the save is discarded and the failure raised.
-
-        When the cluster cannot save now, the step is skipped, with a warning the first time.
-        """
-        reason = self.cluster.checkpoint_blocker()
-        if reason is not None:
-            if not self.skipped_saves:
-                warnings.warn(f"checkpoints are skipped from step {step} on: {reason}", CheckpointWarning, stacklevel=2)
-            self.skipped_saves.append(step)
-            return
+        """Save ``step``; if a slice is lost meanwhile, the save is discarded and the failure raised."""
         began = time.time()
         self.hook.et_before_checkpoint_save(trainer=self, step=step)
-        self.checkpointer.save(step, arrays, self._checkpoint_metadata(step, position))
+        try:
+            self.checkpointer.save(step, arrays, self._checkpoint_metadata(step, position))
+        except Exception:
+            try:
+                self.cluster.check_step(self.slices, since=self._incarnations)  # a lost slice explains the failure
+            finally:
+                self._discard(step)
+            raise
         try:
             self.cluster.check_step(self.slices, since=self._incarnations)
         except Exception:
-            self.checkpointer.discard(step)
+            self._discard(step)
             raise
         self.checkpointer.saved(
             step,
@@ -587,6 +585,20 @@ class Trainer:
             failures=len(self.failures),
         )
         self.hook.et_after_checkpoint_save(trainer=self, step=step, directory=str(self.checkpointer.directory))
+
+    def _discard(self, step: int) -> None:
+        """Make sure the save of ``step``, interrupted by a failure, never becomes a checkpoint."""
+        self._regroup_checkpointer()
+        self.checkpointer.discard(step)
+
+    def _regroup_checkpointer(self) -> None:
+        """Once processes are lost, save over the live ones only: those with a device in a healthy slice.
+
+        With one process (the simulated cluster) the group never changes.
+        """
+        if self.checkpointer is not None:
+            devices = self.cluster.slice_devices()
+            self.checkpointer.regroup({d.process_index for s in self.cluster.healthy_slices() for d in devices[s]})
 
     def _checkpoint_metadata(self, step: int, position: int) -> dict[str, Any]:
         return {
@@ -681,7 +693,6 @@ class Trainer:
             "compile_cache": {"compiled_ahead": self._steps.compiled_ahead, "saved_s": self._steps.saved_s},
             "checkpoint": None if self.checkpointer is None else self.checkpointer.describe(),
             "resumed_from": self._resumed_from,
-            "checkpoint_saves_skipped": self.skipped_saves,
             "samples": self.ledger.counts(position),
             "data_position": position,
             "started_at": self._clock.started_at,

@@ -83,3 +83,25 @@ def test_readme_snippet_loads_a_checkpoint_with_plain_orbax(tiny_trainer_kwargs,
     assert namespace["step"] == 2 and namespace["metadata"]["data_position"] == 32
     embedding = np.asarray(namespace["state"]["params"]["token_embedding"]["weight"])
     np.testing.assert_array_equal(embedding, np.asarray(state.params.token_embedding.weight))
+
+
+def test_a_checkpoint_of_numpy_arrays_resumes_like_any_other(tiny_trainer_kwargs, tmp_path):
+    # The last process of a multi-process job saves the state as numpy arrays (Orbax refuses a jax.Array that
+    # one process of several holds whole); a resume reads them onto its own mesh like any other checkpoint.
+    if "uninterrupted" not in _baseline:
+        _baseline["uninterrupted"] = params_of(et.Trainer(**tiny_trainer_kwargs(steps=6, global_batch_size=24)).fit().state)
+    trained = et.Trainer(**tiny_trainer_kwargs(
+        steps=4, global_batch_size=24, checkpointer=et.Checkpointer(tmp_path / "jax", period=4),
+    ))
+    state, _ = trained.fit()
+    metadata = json.loads((tmp_path / "jax" / "4" / "metadata" / "metadata").read_text())
+    as_numpy = et.Checkpointer(tmp_path / "numpy")
+    as_numpy.save(4, jax.tree.map(np.asarray, eqx.filter(state, eqx.is_array)), metadata)
+    as_numpy.close()
+    resumed = et.Trainer(**tiny_trainer_kwargs(
+        steps=6, global_batch_size=24, cluster=et.SimulatedCluster(2, 2),
+        checkpointer=et.Checkpointer(tmp_path / "numpy", period=10), resume=True,
+    )).fit()
+    assert resumed.report["resumed_from"] == 4
+    for a, b in zip(_baseline["uninterrupted"], params_of(resumed.state), strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
