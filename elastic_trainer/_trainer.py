@@ -594,9 +594,9 @@ class Trainer:
     def _regroup_checkpointer(self) -> None:
         """Once processes are lost, save over the live ones only: those with a device in a healthy slice.
 
-        With one process (the simulated cluster) the group never changes.
+        With one process (the simulated cluster) the group never changes, even when every slice is lost.
         """
-        if self.checkpointer is not None:
+        if self.checkpointer is not None and jax.process_count() > 1:
             devices = self.cluster.slice_devices()
             self.checkpointer.regroup({d.process_index for s in self.cluster.healthy_slices() for d in devices[s]})
 
