@@ -1,4 +1,4 @@
-"""The fault matrix: every strategy x failure phase on the simulated cluster, every invariant in every cell.
+"""The fault matrix: strategy x failure phase x cluster, every invariant in every cell.
 
 The cells run in-process (a Trainer with strategy and chaos plugins, 6 steps
 of a tiny model) and share one failure-free run. A ``full_restart`` worker
@@ -6,10 +6,13 @@ restart is done the way the supervisor does it: the Trainer ends with
 :class:`RestartRequested` and a new Trainer (a new strategy, a new cluster)
 resumes from the checkpoint, with the same run directory so that chaos does
 not strike twice; the reports and sample ledgers are merged by the
-supervisor's own code. One cell also runs full_restart through the real CLI
-supervisor, with worker processes.
+supervisor's own code. A few cells also run through the command line:
+full_restart with the real CLI supervisor and worker processes, and a
+subset on ``cluster=multiprocess``, one JAX process per slice, the lost
+ones really killed.
 
-Invariants checked in every cell (:func:`check_invariants`):
+Invariants checked in every cell (:func:`check_invariants`, and for the
+command-line cells :func:`test_cell_through_the_command_line`):
 
 - the run finishes, or stops with one clear sentence and exit status 3 (a
   stop is then followed by the user's re-run with ``checkpoint.resume=true``,
@@ -36,6 +39,7 @@ import dataclasses
 import json
 import os
 import shutil
+import signal
 from pathlib import Path
 
 import equinox as eqx
@@ -45,7 +49,7 @@ import orbax.checkpoint as ocp
 import psutil
 import pytest
 from test_cli import run_cli
-from test_cli_recovery import failure_at, report_of
+from test_cli_recovery import report_of
 from test_config import compose_config
 
 import elastic_trainer as et
@@ -125,10 +129,17 @@ def saved_steps(directory: Path) -> list[int]:
 
 
 def saved_states(directory: Path) -> dict[int, dict[str, np.ndarray]]:
-    """The state of every checkpoint in ``directory``, by step, read with plain Orbax."""
-    args = ocp.args.Composite(state=ocp.args.StandardRestore())
-    with ocp.CheckpointManager(directory) as manager:
-        return {step: trained(named_arrays(manager.restore(step, args=args).state)) for step in saved_steps(directory)}
+    """The state of every checkpoint in ``directory``, by step, read with plain Orbax onto one device of this
+    process (whatever devices and processes saved it)."""
+    one_device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+    states = {}
+    with ocp.CheckpointManager(directory, item_handlers={"state": ocp.PyTreeCheckpointHandler()}) as manager:
+        for step in saved_steps(directory):
+            stored = manager.item_metadata(step)["state"]
+            like = jax.tree.map(lambda array: jax.ShapeDtypeStruct(array.shape, array.dtype, sharding=one_device), stored)
+            args = ocp.args.PyTreeRestore(like, restore_args=ocp.checkpoint_utils.construct_restore_args(like))
+            states[step] = trained(named_arrays(manager.restore(step, args=ocp.args.Composite(state=args)).state))
+    return states
 
 
 # ------------------------------------------------------------------ the failure-free run
@@ -292,6 +303,7 @@ def check_invariants(cell: Cell, failure_free: FailureFree) -> dict:
                 assert step in completed, f"restored step {step}, whose save never completed"
                 assert_same_arrays(state, failure_free.states[step], f"the restored checkpoint of step {step}")
     on_disk = saved_states(last.trainer.checkpointer.directory)
+    assert STEPS in on_disk, "the final state was not saved: saves stopped after a failure"
     for step, state in on_disk.items():
         assert_same_arrays(state, failure_free.states[step], f"the checkpoint of step {step}")
     # exactly-once data, over every worker
@@ -342,47 +354,100 @@ def test_cell(tiny_trainer_kwargs, failure_free, tmp_path, strategy, phase):
     ROWS[(strategy, phase, "in-process")] = check_invariants(cell, failure_free)
 
 
-# ------------------------------------------------------------------ full_restart through the CLI supervisor
+# ------------------------------------------------------------------ cells through the command line
 
-CLI_STEPS, CLI_PERIOD, CLI_FAIL_AT, CLI_BATCH = 12, 4, 6, 48
+CLI_STEPS, CLI_PERIOD, CLI_BATCH = 12, 3, 48
 CLI_TINY = ["model.d_model=32", "model.num_heads=2", "model.num_layers=1", "data.max_bytes=200000",
             f"trainer.steps={CLI_STEPS}", f"checkpoint.period={CLI_PERIOD}", "checkpoint.max_to_keep=10"]
 
 
-def test_full_restart_cell_through_the_cli_supervisor(tmp_path):
-    run_dir, reference = tmp_path / "run", tmp_path / "failure_free"
-    # The same configuration trained in this process without failures, checkpoints and all; its compiles
-    # go into the session's compilation cache, which the workers read too.
-    trainer = build_trainer(compose_config(*CLI_TINY, f"checkpoint.dir={reference}"))
-    state, _ = trainer.fit()
-    trainer.checkpointer.close()
-    result = run_cli(*CLI_TINY, "+strategy=full_restart", *failure_at(CLI_FAIL_AT, 1), f"hydra.run.dir={run_dir}")
-    leftover = [p.pid for p in psutil.process_iter(["cmdline"]) if str(run_dir) in " ".join(p.info["cmdline"] or [])]
+def processes(n: int) -> list[str]:
+    """``cluster=multiprocess`` with ``n`` processes of 2 devices, a slice each, failures found within seconds."""
+    return ["cluster=multiprocess", f"cluster.num_processes={n}", "cluster.heartbeat_timeout_s=3",
+            "cluster.collective_timeout_s=6"]
 
+
+CLI_CELLS = {  # (strategy, phase, run): (what fails, the cluster's overrides, the chaos schedule)
+    ("full_restart", "train_step", "CLI"): ("slice 1 lost during step 8", [], "[{at_step: 7, slice: 1}]"),
+    ("pause_resume", "train_step", "multiprocess"): (
+        "process 1 of 2 killed during step 5", processes(2), "[{at_step: 4, slice: 1}]"),
+    ("scale_down", "two_slices", "multiprocess"): (
+        "processes 1 and 2 of 3 killed during step 8", processes(3), "[{at_step: 7, slice: 1}, {at_step: 7, slice: 2}]"),
+    ("full_restart", "checkpoint_save", "multiprocess"): (
+        "process 1 of 2 killed while step 6 is saved", processes(2), "[{at_step: 6, slice: 1, phase: checkpoint_save}]"),
+}
+"""The cells run through ``python -m elastic_trainer``: with the full_restart supervisor and its worker
+processes (*CLI*), or with ``cluster=multiprocess``, whose launcher runs one JAX process per slice and
+kills the lost ones (process 0 hosts JAX's coordination service and is never lost)."""
+
+_cli_references: dict[str, Path] = {}
+
+
+def cli_reference(cluster: list[str], tmp_path_factory) -> Path:
+    """The checkpoints of the same run without failures, trained in this process on a simulated cluster of
+    as many slices and devices (once per cluster); its compiles go into the session's compilation cache."""
+    slices = next((int(o.split("=")[1]) for o in cluster if o.startswith("cluster.num_processes=")), 4)
+    if slices not in _cli_references:
+        directory = tmp_path_factory.mktemp(f"failure_free_{slices}_slices") / "checkpoints"
+        trainer = build_trainer(compose_config(*CLI_TINY, f"cluster.slices={slices}", f"checkpoint.dir={directory}"))
+        trainer.fit()
+        trainer.checkpointer.close()
+        _cli_references[slices] = directory
+    return _cli_references[slices]
+
+
+def processes_of(run_dir: Path) -> list[psutil.Process]:
+    """Live processes whose command line names ``run_dir``: workers, launchers and supervisors of that run."""
+    return [p for p in psutil.process_iter(["cmdline"]) if str(run_dir) in " ".join(p.info["cmdline"] or [])]
+
+
+@pytest.mark.parametrize("cell", list(CLI_CELLS), ids="-".join)
+def test_cell_through_the_command_line(tmp_path, tmp_path_factory, cell):
+    strategy, phase, _ = cell
+    _, cluster, schedule = CLI_CELLS[cell]
+    reference, run_dir = cli_reference(cluster, tmp_path_factory), tmp_path / "run"
+    result = run_cli(*CLI_TINY, *cluster, f"+strategy={strategy}", "+chaos=schedule", f"chaos.failures={schedule}",
+                     f"hydra.run.dir={run_dir}")
+    leftover = processes_of(run_dir)
+    for process in leftover:
+        process.kill()
+
+    # finishes, and nothing is left behind
     assert result.returncode == 0, result.stderr
-    assert leftover == [], "worker processes outlived the supervisor"
+    assert leftover == [], "processes outlived the command"
     report = report_of(run_dir)
-    assert report["workers"] == 2 and report["steps_completed"] == CLI_STEPS and report["stopped"] is None
-    (failure,) = report["failures"]
-    assert (failure["action"], failure["restored_from"]) == ("full_restart", "checkpoint")
-    assert failure["lost_steps"] == CLI_FAIL_AT - CLI_FAIL_AT // CLI_PERIOD * CLI_PERIOD
+    assert report["steps_completed"] == CLI_STEPS and report["stopped"] is None
+    failures = [failure for failure in report["failures"] if failure["slices"]]  # not a retried timeout
+    assert {failure["phase"] for failure in failures} == {PHASES[phase][1][0]["phase"]}
+    # exactly-once data over every worker
     assert report["samples"] == {"consumed": CLI_STEPS * CLI_BATCH, "duplicated": 0, "skipped": 0}
     assert report["data_position"] == CLI_STEPS * CLI_BATCH
+    # every checkpoint holds the failure-free state of its step, the final one included
     on_disk, expected = saved_states(run_dir / "checkpoints"), saved_states(reference)
-    assert sorted(on_disk) == sorted(expected) == list(range(CLI_PERIOD, CLI_STEPS + 1, CLI_PERIOD))
-    for step in on_disk:  # the checkpoint the second worker restored among them
-        assert_same_arrays(on_disk[step], expected[step], f"step {step}")
-    assert_same_arrays(on_disk[CLI_STEPS], trained(named_arrays(state)), "the final state")
+    assert CLI_STEPS in on_disk, "the final state was not saved"
+    for step in on_disk:
+        assert_same_arrays(on_disk[step], expected[step], f"the checkpoint of step {step}")
+    # a checkpoint is restored only after its save completed, in an earlier worker
     events = [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines()]
+    saves = [(e["worker"], e["step"]) for e in events if e["event"] == "checkpoint_save"]
     restores = [(e["worker"], e["step"]) for e in events if e["event"] == "restore" and e["source"] == "checkpoint"]
-    assert restores == [(1, CLI_FAIL_AT // CLI_PERIOD * CLI_PERIOD)]  # the second worker read the last complete one
-    ROWS[("full_restart", "train_step", "CLI")] = {
-        "outcome": f"finished {CLI_STEPS}/{CLI_STEPS} after {report['workers'] - 1} worker restart(s), in new processes",
-        "exit": f"{result.returncode} (the command)",
-        "failures": f"{failure['phase']} {failure['slices']}",
-        "restored_from": failure["restored_from"],
-        "lost_steps": failure["lost_steps"],
-        "checkpoint_restores": ", ".join(str(step) for _, step in restores),
+    for worker, step in restores:
+        assert any(w < worker and s == step for w, s in saves), f"worker {worker} restored step {step}, never saved"
+    exits = "(the command)"
+    if "process_exits" in report:  # multiprocess: a lost process is killed, the others end or ask for a restart
+        codes = [attempt["exit_codes"] for attempt in report["process_exits"]]
+        assert all(set(attempt) <= {RESTART_EXIT_CODE, -signal.SIGKILL} for attempt in codes[:-1]), codes
+        assert set(codes[-1]) <= {0, -signal.SIGKILL} and codes[-1][0] == 0, codes
+        exits = "(the command); processes: " + " → ".join(", ".join(map(str, attempt)) for attempt in codes)
+    ROWS[cell] = {
+        "what": CLI_CELLS[cell][0],
+        "outcome": f"finished {CLI_STEPS}/{CLI_STEPS}"
+                   + (f" after {report['workers'] - 1} restart(s), in new processes" if report["workers"] > 1 else ""),
+        "exit": f"{result.returncode} {exits}",
+        "failures": ", ".join(f"{f['phase']} {f['slices']}" for f in failures),
+        "restored_from": ", ".join(f["restored_from"] for f in failures),
+        "lost_steps": sum(f["lost_steps"] for f in failures),
+        "checkpoint_restores": ", ".join(str(step) for _, step in restores) or "-",
         "on_disk": ", ".join(map(str, sorted(on_disk))),
         "samples": f"{report['samples']['duplicated']} / {report['samples']['skipped']}",
     }
@@ -415,10 +480,12 @@ def render_table(rows: dict) -> str:
         "How a cell runs: *in-process* is a `Trainer` with the strategy and chaos plugins; a `full_restart` "
         "worker restart is done there as the supervisor does it: the trainer raises `RestartRequested` (exit 75) "
         "and a new `Trainer` resumes from the checkpoint. *CLI* runs `python -m elastic_trainer "
-        "+strategy=full_restart` with the real supervisor and worker processes (a larger tiny model, "
-        f"{CLI_STEPS} steps, checkpoints every {CLI_PERIOD}, slice 1 lost during step {CLI_FAIL_AT + 1}).",
-        "",
-        "Cluster: simulated only. The multi-process cluster column is pending issue #6.",
+        "+strategy=full_restart` with the real supervisor and worker processes. *multiprocess* runs "
+        "`python -m elastic_trainer cluster=multiprocess`: one JAX process per slice (2 CPU devices each, "
+        "gloo collectives), a lost slice's process really killed (SIGKILL); process 0 hosts JAX's coordination "
+        "service and is never lost, so all-slices cells have no multiprocess row. The command-line cells train a "
+        f"larger tiny model for {CLI_STEPS} steps, global batch {CLI_BATCH}, checkpoints every {CLI_PERIOD}, and "
+        "are compared with the checkpoints of the same run without failures on as many simulated slices.",
         "",
         "| strategy | phase | what fails | run | outcome | exit | failures (phase [slices]) | restored from | "
         "lost steps | checkpoint restores | checkpoints on disk | duplicated / skipped |",
@@ -427,11 +494,11 @@ def render_table(rows: dict) -> str:
     lines = []
     for strategy in STRATEGIES:
         for phase, (what, _) in PHASES.items():
-            for how in ("in-process", "CLI"):
+            for how in ("in-process", "CLI", "multiprocess"):
                 row = rows.get((strategy, phase, how))
                 if row is not None:
                     lines.append(
-                        f"| {strategy} | {phase} | {what} | {how} | {row['outcome']} | {row['exit']} | "
+                        f"| {strategy} | {phase} | {row.get('what', what)} | {how} | {row['outcome']} | {row['exit']} | "
                         f"{row['failures']} | {row['restored_from']} | {row['lost_steps']} | "
                         f"{row['checkpoint_restores']} | {row['on_disk']} | {row['samples']} |"
                     )
@@ -439,7 +506,7 @@ def render_table(rows: dict) -> str:
 
 
 def test_the_committed_table_is_the_generated_one():
-    cells = {(s, p, "in-process") for s in STRATEGIES for p in PHASES} | {("full_restart", "train_step", "CLI")}
+    cells = {(s, p, "in-process") for s in STRATEGIES for p in PHASES} | set(CLI_CELLS)
     if set(ROWS) != cells:
         pytest.skip(f"{len(cells - set(ROWS))} cell(s) did not run or failed; the table is checked when all pass")
     table = render_table(ROWS)

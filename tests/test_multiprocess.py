@@ -1,6 +1,7 @@
 """cluster=multiprocess from the command line: real JAX processes, really killed.
 
-Each run starts several interpreters on a tiny model, so there are few of them.
+Each run starts several interpreters on a tiny model, so there are few of them;
+the fault matrix (tests/test_fault_matrix.py) runs more, one per strategy.
 Every test checks that no process it started outlives it.
 """
 
@@ -11,29 +12,12 @@ import subprocess
 import sys
 import time
 
-import jax
-import orbax.checkpoint as ocp
-import psutil
 import pytest
 from test_cli import run_cli
-from test_config import compose_config
-from test_fault_matrix import assert_same_arrays, named_arrays, trained
-
-from elastic_trainer._config import build_trainer
+from test_fault_matrix import CLI_TINY, assert_same_arrays, cli_reference, processes, processes_of, saved_states
 
 TINY = ["model.d_model=32", "model.num_heads=2", "model.num_layers=1", "data.max_bytes=200000"]
-THREE = [
-    "cluster=multiprocess", "cluster.num_processes=3", "cluster.heartbeat_timeout_s=3", "cluster.collective_timeout_s=6",
-]
-
-
-def processes_of(run_dir):
-    """Live processes whose command line names ``run_dir`` (workers and launchers of that run)."""
-    found = []
-    for process in psutil.process_iter(["cmdline"]):
-        if process.pid != os.getpid() and any(str(run_dir) in arg for arg in process.info["cmdline"] or ()):
-            found.append(process)
-    return found
+THREE = processes(3)
 
 
 @pytest.fixture
@@ -51,35 +35,10 @@ def report_of(run_dir):
     return json.loads((run_dir / "report.json").read_text())
 
 
-@pytest.fixture(scope="module")
-def compile_cache(tmp_path_factory):
-    """One persistent compilation cache for the module: the second run loads the 3-process step instead of compiling it."""
-    return f"trainer.compilation_cache_dir={tmp_path_factory.mktemp('compile_cache')}"
-
-
-def read_checkpoints(directory):
-    """The trained arrays (params, opt_state) of every checkpoint in ``directory``, by step, read with plain Orbax.
-
-    Each is read onto one local device: a checkpoint of several processes names devices this process does
-    not have, and without a target Orbax refuses it ("Topology mismatch").
-    """
-    device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
-    states = {}
-    with ocp.CheckpointManager(directory, item_handlers={"state": ocp.StandardCheckpointHandler()}) as manager:
-        for step in manager.all_steps():
-            stored = manager.item_metadata(step)["state"]
-            target = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=device), stored.tree)
-            restored = manager.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(target)))
-            states[step] = trained(named_arrays(restored.state))
-    return states
-
-
-def test_scale_down_survives_a_stuck_and_a_killed_process_with_no_step_lost(run_dir, tmp_path_factory, compile_cache):
-    step_timeout_s, heartbeat_s, steps, period = 12, 3, 12, 3
-    saves = [f"trainer.steps={steps}", f"checkpoint.period={period}", "checkpoint.max_to_keep=10"]
+def test_scale_down_survives_a_stuck_and_a_killed_process_with_no_step_lost(run_dir, tmp_path_factory):
+    step_timeout_s, heartbeat_s = 12, 3
     result = run_cli(
-        *TINY, *THREE, *saves, f"trainer.step_timeout_s={step_timeout_s}", compile_cache,
-        "+strategy=scale_down", "+chaos=schedule",
+        *CLI_TINY, *THREE, f"trainer.step_timeout_s={step_timeout_s}", "+strategy=scale_down", "+chaos=schedule",
         "chaos.failures=[{at_step: 4, slice: 2, hang: true}, {at_step: 9, slice: 1}]", f"hydra.run.dir={run_dir}",
     )
     assert result.returncode == 0, result.stderr
@@ -101,31 +60,12 @@ def test_scale_down_survives_a_stuck_and_a_killed_process_with_no_step_lost(run_
     assert attempt["exit_codes"] == [0, -signal.SIGKILL, -signal.SIGKILL]
     # Saves go on after each loss: step 3 by all 3 processes, 6 by processes 0 and 1, 12 by process 0 alone.
     # Step 9's save may still have been committing when process 1 died: it is on disk only if it completed.
-    on_disk = read_checkpoints(run_dir / "checkpoints")
+    on_disk = saved_states(run_dir / "checkpoints")
     assert {3, 6, 12} <= set(on_disk) <= {3, 6, 9, 12}
-    # each holds the state of its step in a failure-free run: in this process, as many slices and devices
-    reference = tmp_path_factory.mktemp("failure_free") / "checkpoints"
-    trainer = build_trainer(compose_config(*TINY, *saves, "cluster.slices=3", f"checkpoint.dir={reference}"))
-    trainer.fit()
-    trainer.checkpointer.close()
-    expected = read_checkpoints(reference)
+    # each holds the state of its step in a failure-free run (in this process, as many slices and devices)
+    expected = saved_states(cli_reference(THREE, tmp_path_factory))
     for step in on_disk:
         assert_same_arrays(on_disk[step], expected[step], f"the checkpoint of step {step}")
-
-
-def test_full_restart_restarts_every_process_from_the_checkpoint(run_dir, compile_cache):
-    result = run_cli(
-        *TINY, *THREE, "trainer.steps=12", "checkpoint.period=3", compile_cache, "+strategy=full_restart",
-        "+chaos=schedule", "chaos.failures=[{at_step: 5, slice: 2}]", f"hydra.run.dir={run_dir}",
-    )
-    assert result.returncode == 0, result.stderr
-    report = report_of(run_dir)
-    assert report["steps_completed"] == 12 and report["workers"] == 2
-    (failure,) = [failure for failure in report["failures"] if failure["slices"]]
-    assert (failure["action"], failure["restored_from"], failure["lost_steps"]) == ("full_restart", "checkpoint", 2)
-    first, second = report["process_exits"]
-    assert first["exit_codes"] == [75, 75, -signal.SIGKILL] and second["exit_codes"] == [0, 0, 0]
-    assert report["samples"] == {"consumed": 12 * 48, "duplicated": 0, "skipped": 0}
 
 
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGKILL])
