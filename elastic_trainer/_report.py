@@ -49,7 +49,9 @@ def merge_worker_reports(
     """One report for a run whose workers were restarted: wall time from ``started_at``
     (the supervisor's start), time summed over workers, the gaps between them as
     startup, each restart's recovery measured from its failure to the next
-    worker's first step, and samples counted over every worker's committed steps.
+    worker's first step (split into the new worker's ``startup_s``,
+    ``compile_s`` and ``restore_s``), and samples counted over every worker's
+    committed steps.
     """
     first, last = reports[0], reports[-1]
     wall = last["ended_at"] - started_at
@@ -61,7 +63,12 @@ def merge_worker_reports(
     for worker, following in zip(reports, [*reports[1:], None]):
         copies = [dict(f) for f in worker["failures"]]
         if following is not None and following["first_step_ended_at"] is not None:
-            copies[-1]["recovery_s"] = following["first_step_ended_at"] - copies[-1]["failed_at"]
+            restart, before = copies[-1], following["badput_before_first_step_s"]
+            restart["recovery_s"] = following["first_step_ended_at"] - restart["failed_at"]
+            restart.update(  # the new worker's process start (from the old one's end), compile and restore
+                startup_s=following["started_at"] - worker["ended_at"] + before["startup"],
+                compile_s=before["compile"], restore_s=before["checkpoint_restore"],
+            )
         failures += copies
     ledger = SampleLedger.from_arrays(ledgers[0])
     for more in ledgers[1:]:

@@ -227,6 +227,7 @@ class Trainer:
         self._pending_recovery: dict[str, Any] | None = None
         self._losses: dict[int, jax.Array] = {}
         self._first_step_ended_at: float | None = None
+        self._before_first_step: dict[str, float] | None = None  # badput up to the first step's end
         self._resumed_from: int | None = None  # the checkpoint step a resumed run continued from
         stopped: TrainingStopped | None = None
         try:
@@ -252,7 +253,8 @@ class Trainer:
                     step += 1
                     position += layout.batch_size
                     self._finish_recovery()
-                    self._first_step_ended_at = self._first_step_ended_at or time.time()
+                    if self._first_step_ended_at is None:  # what this process spent before its first step
+                        self._first_step_ended_at, self._before_first_step = time.time(), dict(clock.badput_s)
                     self._incarnations = self.cluster.incarnations()
                     self.hook.et_step_end(trainer=self, step=step, metrics=metrics)
                     self._take_snapshot(step, arrays)
@@ -698,4 +700,5 @@ class Trainer:
             "started_at": self._clock.started_at,
             "ended_at": self._clock.ended_at,
             "first_step_ended_at": self._first_step_ended_at,
+            "badput_before_first_step_s": self._before_first_step,
         }

@@ -25,7 +25,7 @@ RESULT_COLUMNS = (
     "strategy", "schedule", "seed", "steps", "goodput", "wall_s", "failures", "mean_recovery_s",
     "lost_steps", "final_loss", "samples_duplicated", "samples_skipped", "stopped", "job",
 )
-RECOVERY_PARTS = ("detection_s", "waiting_s", "remesh_s", "compile_s", "restore_s")
+RECOVERY_PARTS = ("detection_s", "waiting_s", "startup_s", "remesh_s", "compile_s", "restore_s")
 README_START, README_END = "<!-- benchmark-results:start -->", "<!-- benchmark-results:end -->"
 PLOTS = ("goodput.png", "timeline.png", "recovery.png")
 
@@ -224,7 +224,7 @@ def plot_recovery(jobs: list[dict[str, Any]], path: Path) -> None:
     left = [0.0] * len(strategies)
     for index, part in enumerate((*RECOVERY_PARTS, "other_s")):
         means = [statistics.mean(p[part] for p in parts[s]) for s in strategies]
-        label = "other (new process, first step)" if part == "other_s" else part.removesuffix("_s")
+        label = {"other_s": "other (first step, exit)", "startup_s": "new process"}.get(part, part.removesuffix("_s"))
         axes.barh(strategies, means, left=left, color=f"C{index}", label=label)
         left = [a + b for a, b in zip(left, means, strict=True)]
     axes.set_xlabel("mean recovery time per failure (s)")
