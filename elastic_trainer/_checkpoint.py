@@ -2,11 +2,7 @@
 
 from __future__ import annotations
 
-import collections
-import logging
 import os
-import threading
-import time
 import warnings
 from collections.abc import Collection
 from pathlib import Path
@@ -18,6 +14,7 @@ import orbax.checkpoint as ocp
 from jaxtyping import PyTree
 
 from ._failures import CheckpointWarning, ConfigError, check_at_least
+from ._group_barrier import GroupBarrier, hide_given_up_saves
 from ._period import YoungDalyPeriod
 
 UNREADABLE_SUFFIX = ".unreadable"
@@ -84,7 +81,7 @@ class Checkpointer:
         self.manager = self._new_manager(active_processes=None, barrier=self._barrier)
 
     def _new_manager(
-        self, *, active_processes: set[int] | None, barrier: _GroupBarrier | None
+        self, *, active_processes: set[int] | None, barrier: GroupBarrier | None
     ) -> ocp.CheckpointManager:
         """An Orbax manager whose saves synchronize ``active_processes`` (``None``: every process of the job).
 
@@ -112,12 +109,12 @@ class Checkpointer:
             },
         )
 
-    def _group_barrier(self, processes: frozenset[int]) -> _GroupBarrier | None:
+    def _group_barrier(self, processes: frozenset[int]) -> GroupBarrier | None:
         """A barrier over ``processes``, named anew for each group (Orbax's barrier names repeat at every
         save, and the old group's may never have completed); ``None`` for a group of one process."""
         if len(processes) == 1:
             return None
-        return _GroupBarrier(processes, name=f"elastic_trainer_group{self._groups}")
+        return GroupBarrier(processes, name=f"elastic_trainer_group{self._groups}")
 
     def regroup(self, processes: Collection[int]) -> None:
         """Save over ``processes`` only from now on: the live processes of a job that lost some.
@@ -137,7 +134,7 @@ class Checkpointer:
         if processes == self.processes:
             return
         if self._barrier is not None:
-            _hide_given_up_saves()
+            hide_given_up_saves()
             self._barrier.abort()
         try:
             self.manager.close()  # waits until the given-up save has ended
@@ -274,75 +271,6 @@ class Checkpointer:
     def close(self) -> None:
         """Finish pending saves and release Orbax's resources."""
         self.manager.close()
-
-
-class _SaveGivenUp(RuntimeError):
-    """A save that :meth:`Checkpointer.regroup` gave up: the processes it waited for may be dead."""
-
-
-class _HideGivenUpSaves(logging.Filter):
-    """Drops Orbax's error reports (with tracebacks) of saves given up on purpose."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return not (record.exc_info and isinstance(record.exc_info[1], _SaveGivenUp))
-
-
-def _hide_given_up_saves() -> None:
-    """Keep Orbax's logger (absl's) from reporting given-up saves as errors; once per process."""
-    logger = logging.getLogger("absl")
-    if not any(isinstance(f, _HideGivenUpSaves) for f in logger.filters):
-        logger.addFilter(_HideGivenUpSaves())
-
-
-class _GroupBarrier:
-    """A barrier over a group of processes for Orbax (``AsyncOptions.barrier_sync_fn``) that can be given up.
-
-    Orbax ends every asynchronous save with barriers in JAX's coordination
-    service. With ``jax_enable_recoverability`` that service does not fail a
-    barrier when a process in it dies: the others wait out the timeout
-    (measured with jax 0.10.2: still waiting after 14 minutes; Orbax's
-    timeout for a commit is 20). This barrier meets in the service's
-    key-value store instead, and :meth:`abort` makes every wait on it, now
-    or later, raise at once.
-
-    :param processes: the processes that meet.
-    :param name: a name no other group of the job uses.
-    """
-
-    poll_s = 0.01
-
-    def __init__(self, processes: Collection[int], *, name: str):
-        self.processes = frozenset(processes)
-        self.name = name
-        self._uses: collections.Counter[str] = collections.Counter()
-        self._lock = threading.Lock()
-        self._aborted = threading.Event()
-
-    def __call__(self, *, key: str, timeout_ms: int) -> None:
-        """Wait until every process of the group has called this with ``key`` as often as this one has."""
-        client = jax._src.distributed.global_state.client
-        with self._lock:
-            self._uses[key] += 1
-            use = self._uses[key]
-        here = f"elastic_trainer/barrier/{self.name}/{key.replace('/', '|')}"
-        client.key_value_set(f"{here}/{use}/{jax.process_index()}", "")
-        deadline = time.monotonic() + timeout_ms / 1000
-        while not self.processes <= self._arrived(client, f"{here}/{use}/"):
-            if self._aborted.is_set():
-                raise _SaveGivenUp(f"checkpoint barrier {key!r} given up: the processes saving together changed")
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"checkpoint barrier {key!r}: processes {sorted(self.processes)} did not all come")
-            self._aborted.wait(self.poll_s)
-        if use > 1:  # every process is past the use before, so its keys are read no more
-            client.key_value_delete(f"{here}/{use - 1}/{jax.process_index()}")
-
-    @staticmethod
-    def _arrived(client, directory: str) -> set[int]:
-        return {int(name.rsplit("/", 1)[1]) for name, _ in client.key_value_dir_get(directory)}
-
-    def abort(self) -> None:
-        """Make every wait, now or later, raise."""
-        self._aborted.set()
 
 
 def _state_handler(multiprocessing: ocp.options.MultiprocessingOptions) -> ocp.PyTreeCheckpointHandler:

@@ -12,6 +12,7 @@ import time
 from collections.abc import Sequence
 
 import jax
+import orbax.checkpoint as ocp
 import psutil
 from jax._src import xla_bridge
 from jax.experimental.multihost_utils import ProcessFailureError, live_devices
@@ -175,7 +176,8 @@ class MultiprocessCluster(AbstractCluster):
 
     @staticmethod
     def _client():
-        return jax._src.distributed.global_state.client
+        """The client of JAX's coordination service (JAX keeps it private; Orbax's accessor is public)."""
+        return ocp.multihost.get_jax_distributed_client()
 
     # ------------------------------------------------------------------ layout
 
