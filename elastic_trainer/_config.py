@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import importlib
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +16,7 @@ from omegaconf.errors import MissingMandatoryValue, OmegaConfBaseException
 from ._checkpoint import Checkpointer, check_period
 from ._data import StdlibText
 from ._failures import ConfigError, check_at_least
-from ._pathways import _pathwaysutils_elastic
+from ._pathways import load_health_checker
 from ._period import check_mtbf
 from ._trainer import Trainer
 
@@ -237,30 +236,10 @@ class PathwaysClusterConfig:
     health_checker: str | None = None
 
     def __post_init__(self):
-        # the class is looked up here, as PathwaysCluster does, so that a bad name is said in one sentence that names
-        # the field (not as the cluster failing to build)
-        if self.health_checker is None:
-            return
-        module, _, name = self.health_checker.partition(":")
-        if not (all(part.isidentifier() for part in module.split(".")) and name.isidentifier()):
-            raise ConfigError(
-                f"cluster.health_checker must be 'module:Class' (a subclass of pathwaysutils' SliceHealthChecker) "
-                f"or null for pathwaysutils' default, got {self.health_checker!r}."
-            )
-        checker_base = _pathwaysutils_elastic().SliceHealthChecker  # pathwaysutils missing: how to install it
-        try:
-            checker = getattr(importlib.import_module(module), name)
-        except Exception as error:  # noqa: BLE001 - whatever importing the user's module raises
-            detail = (str(error).splitlines() or [""])[0].rstrip(".")
-            raise ConfigError(
-                f"cluster.health_checker {self.health_checker!r} cannot be loaded ({type(error).__name__}: "
-                f"{detail}); name an importable 'module:Class', or null for pathwaysutils' default."
-            ) from error
-        if not (isinstance(checker, type) and issubclass(checker, checker_base)):
-            raise ConfigError(
-                f"cluster.health_checker {self.health_checker!r} is not a subclass of pathwaysutils' "
-                f"SliceHealthChecker; name one, or null for pathwaysutils' default."
-            )
+        # the class is loaded here too, so that a bad name is said in one sentence that names the field (not as
+        # the cluster failing to build)
+        if self.health_checker is not None:
+            load_health_checker(self.health_checker)
 
 
 @dataclasses.dataclass

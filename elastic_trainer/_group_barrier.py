@@ -9,7 +9,15 @@ import time
 from collections.abc import Collection
 
 import jax
-import orbax.checkpoint as ocp
+
+
+def coordination_client():
+    """The client of JAX's coordination service, or ``None`` before ``jax.distributed.initialize``.
+
+    JAX keeps it private (``jax._src.distributed``); Orbax reads it the same
+    way (``orbax.checkpoint._src.multihost``), and no public accessor exists.
+    """
+    return jax._src.distributed.global_state.client
 
 
 class SaveGivenUp(RuntimeError):
@@ -56,7 +64,7 @@ class GroupBarrier:
 
     def __call__(self, *, key: str, timeout_ms: int) -> None:
         """Wait until every process of the group has called this with ``key`` as often as this one has."""
-        client = ocp.multihost.get_jax_distributed_client()  # the coordination service's client
+        client = coordination_client()
         with self._lock:
             self._uses[key] += 1
             use = self._uses[key]

@@ -12,7 +12,6 @@ import time
 from collections.abc import Sequence
 
 import jax
-import orbax.checkpoint as ocp
 import psutil
 from jax._src import xla_bridge
 from jax.experimental.multihost_utils import ProcessFailureError, live_devices
@@ -20,6 +19,7 @@ from jaxtyping import PyTree
 
 from ._cluster import AbstractCluster
 from ._failures import ConfigError, SliceLostError, StepTimeoutError, check_at_least
+from ._group_barrier import coordination_client
 
 PROCESS_ID_ENV = "ELASTIC_TRAINER_PROCESS_ID"
 """Set by the local launcher to a worker's process id; unset, JAX detects it (Slurm, Kubernetes, Cloud TPU)."""
@@ -176,8 +176,7 @@ class MultiprocessCluster(AbstractCluster):
 
     @staticmethod
     def _client():
-        """The client of JAX's coordination service (JAX keeps it private; Orbax's accessor is public)."""
-        return ocp.multihost.get_jax_distributed_client()
+        return coordination_client()
 
     # ------------------------------------------------------------------ layout
 

@@ -43,8 +43,7 @@ class PathwaysCluster(AbstractCluster):
     ):
         self._elastic = _pathwaysutils_elastic()
         if isinstance(health_checker, str):
-            module, _, name = health_checker.partition(":")
-            health_checker = getattr(importlib.import_module(module), name)
+            health_checker = load_health_checker(health_checker)
         self.health_checker = health_checker or self._elastic.DefaultSliceHealthChecker
         self._given_slices = slice_to_devices
 
@@ -92,3 +91,28 @@ class PathwaysCluster(AbstractCluster):
                 )
             self._given_slices = self._elastic.get_slice_to_devices(devices)
         return self._given_slices
+
+
+def load_health_checker(spec: str) -> type:
+    """The ``SliceHealthChecker`` subclass that ``spec`` (``'module:Class'``) names; :class:`ConfigError` if none."""
+    module, _, name = spec.partition(":")
+    if not (all(part.isidentifier() for part in module.split(".")) and name.isidentifier()):
+        raise ConfigError(
+            f"cluster.health_checker must be 'module:Class' (a subclass of pathwaysutils' SliceHealthChecker) "
+            f"or null for pathwaysutils' default, got {spec!r}."
+        )
+    checker_base = _pathwaysutils_elastic().SliceHealthChecker  # pathwaysutils missing: how to install it
+    try:
+        checker = getattr(importlib.import_module(module), name)
+    except Exception as error:  # noqa: BLE001 - whatever importing the user's module raises
+        detail = (str(error).splitlines() or [""])[0].rstrip(".")
+        raise ConfigError(
+            f"cluster.health_checker {spec!r} cannot be loaded ({type(error).__name__}: "
+            f"{detail}); name an importable 'module:Class', or null for pathwaysutils' default."
+        ) from error
+    if not (isinstance(checker, type) and issubclass(checker, checker_base)):
+        raise ConfigError(
+            f"cluster.health_checker {spec!r} is not a subclass of pathwaysutils' "
+            f"SliceHealthChecker; name one, or null for pathwaysutils' default."
+        )
+    return checker

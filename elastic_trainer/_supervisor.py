@@ -69,7 +69,7 @@ def restart_until_done(
 
     The first attempt does as the user asked (``checkpoint.resume=`` included);
     a restart resumes from the last complete checkpoint, or starts over from
-    step 0 when the failure came before the first one. The attempts' reports
+    step 0 when there is none yet. The attempts' reports
     are kept as ``report.worker<N>.json`` (and ``events.worker<N>.jsonl``) and
     merged into one ``report.json`` (and ``events.jsonl``), with
     ``report_extras()`` added. Used by the ``full_restart`` supervisor and the
@@ -93,8 +93,7 @@ def restart_until_done(
             status = 3
             break
         print(f"elastic_trainer: restarting {restarting} (restart {attempt + 1})", flush=True)
-        restored_from = reports[-1]["failures"][-1]["restored_from"]
-        resume = ["checkpoint.resume=true"] if restored_from == "checkpoint" else []
+        resume = ["checkpoint.resume=true"] if _holds_checkpoints(reports[-1]["checkpoint"]) else []
     report = {**merge_worker_reports(reports, ledgers, started_at=started_at), **report_extras()}
     report_file = run_dir / "report.json"
     report_file.write_text(json.dumps(report, indent=2) + "\n")
@@ -102,6 +101,13 @@ def restart_until_done(
     Console().print(summary_table(report))
     print(f"report: {report_file}")
     return status
+
+
+def _holds_checkpoints(checkpoint: dict[str, Any] | None) -> bool:
+    """Whether the run's checkpoint directory (``report["checkpoint"]``) holds a committed step (Orbax names it
+    by the step alone; an uncommitted one is ``<step>.orbax-checkpoint-tmp-...``)."""
+    directory = Path(checkpoint["dir"]) if checkpoint else None
+    return directory is not None and directory.is_dir() and any(p.name.isdigit() for p in directory.iterdir())
 
 
 def worker_file(name: str, attempt: int) -> str:

@@ -597,10 +597,27 @@ class Trainer:
         """Once processes are lost, save over the live ones only: those with a device in a healthy slice.
 
         With one process (the simulated cluster) the group never changes, even when every slice is lost.
+        A process that dies while the survivors form the group fails it (after the group's timeout); the
+        processes then agree again on who lives, and that new loss is raised, to be recovered from like any
+        other (the recovery regroups anew). Any other failure to form the group stands.
         """
-        if self.checkpointer is not None and jax.process_count() > 1:
-            devices = self.cluster.slice_devices()
-            self.checkpointer.regroup({d.process_index for s in self.cluster.healthy_slices() for d in devices[s]})
+        if self.checkpointer is None or jax.process_count() == 1:
+            return
+        live = self._live_processes()
+        try:
+            self.checkpointer.regroup(live)
+        except Exception as error:
+            try:
+                self.cluster.check_step(self.slices, since=self._incarnations)
+            except SliceLostError as lost:
+                if self._live_processes() < live:
+                    raise lost from error
+            raise
+
+    def _live_processes(self) -> set[int]:
+        """The processes with a device in a healthy slice."""
+        devices = self.cluster.slice_devices()
+        return {d.process_index for s in self.cluster.healthy_slices() for d in devices[s]}
 
     def _checkpoint_metadata(self, step: int, position: int) -> dict[str, Any]:
         return {

@@ -7,8 +7,7 @@ that are a file, unwritable, of another model or with corrupt metadata, a
 strategy name with a typo, a plugin that fails to import, and a bad value of
 the multi-process cluster (which must stop before the launcher starts a
 process) each run through the real command line, and the checksums of every
-file of the checkpoints involved are compared before and after. The runs share
-JAX's compilation cache with tests/test_fault_matrix.py.
+file of the checkpoints involved are compared before and after.
 """
 
 from __future__ import annotations
