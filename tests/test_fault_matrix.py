@@ -367,14 +367,19 @@ def processes(n: int) -> list[str]:
             "cluster.collective_timeout_s=6"]
 
 
-CLI_CELLS = {  # (strategy, phase, run): (what fails, the cluster's overrides, the chaos schedule)
-    ("full_restart", "train_step", "CLI"): ("slice 1 lost during step 8", [], "[{at_step: 7, slice: 1}]"),
+CLI_CELLS = {  # (strategy, phase, run): (what fails, the cluster's overrides, the chaos schedule, expected)
+    # expected: (workers, the checkpoint steps restored, one per restart). Every failure comes at least two steps
+    # after a save, so that the asynchronous commit of that save has ended and the rows do not depend on timing.
+    ("full_restart", "train_step", "CLI"): (
+        "slice 1 lost during step 8", [], "[{at_step: 7, slice: 1}]", (2, [6])),
     ("pause_resume", "train_step", "multiprocess"): (
-        "process 1 of 2 killed during step 5", processes(2), "[{at_step: 4, slice: 1}]"),
+        "process 1 of 2 killed during step 6", processes(2), "[{at_step: 5, slice: 1}]", (2, [3])),
     ("scale_down", "two_slices", "multiprocess"): (
-        "processes 1 and 2 of 3 killed during step 8", processes(3), "[{at_step: 7, slice: 1}, {at_step: 7, slice: 2}]"),
+        "processes 1 and 2 of 3 killed during step 9", processes(3), "[{at_step: 8, slice: 1}, {at_step: 8, slice: 2}]",
+        (1, [])),
     ("full_restart", "checkpoint_save", "multiprocess"): (
-        "process 1 of 2 killed while step 6 is saved", processes(2), "[{at_step: 6, slice: 1, phase: checkpoint_save}]"),
+        "process 1 of 2 killed while step 6 is saved", processes(2), "[{at_step: 6, slice: 1, phase: checkpoint_save}]",
+        (2, [3])),
 }
 """The cells run through ``python -m elastic_trainer``: with the full_restart supervisor and its worker
 processes (*CLI*), or with ``cluster=multiprocess``, whose launcher runs one JAX process per slice and
@@ -404,7 +409,7 @@ def processes_of(run_dir: Path) -> list[psutil.Process]:
 @pytest.mark.parametrize("cell", list(CLI_CELLS), ids="-".join)
 def test_cell_through_the_command_line(tmp_path, tmp_path_factory, cell):
     strategy, phase, _ = cell
-    _, cluster, schedule = CLI_CELLS[cell]
+    _, cluster, schedule, (workers, restored) = CLI_CELLS[cell]
     reference, run_dir = cli_reference(cluster, tmp_path_factory), tmp_path / "run"
     result = run_cli(*CLI_TINY, *cluster, f"+strategy={strategy}", "+chaos=schedule", f"chaos.failures={schedule}",
                      f"hydra.run.dir={run_dir}")
@@ -417,6 +422,7 @@ def test_cell_through_the_command_line(tmp_path, tmp_path_factory, cell):
     assert leftover == [], "processes outlived the command"
     report = report_of(run_dir)
     assert report["steps_completed"] == CLI_STEPS and report["stopped"] is None
+    assert report.get("workers", 1) == workers
     failures = [failure for failure in report["failures"] if failure["slices"]]  # not a retried timeout
     assert {failure["phase"] for failure in failures} == {PHASES[phase][1][0]["phase"]}
     # exactly-once data over every worker
@@ -431,6 +437,7 @@ def test_cell_through_the_command_line(tmp_path, tmp_path_factory, cell):
     events = [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines()]
     saves = [(e["worker"], e["step"]) for e in events if e["event"] == "checkpoint_save"]
     restores = [(e["worker"], e["step"]) for e in events if e["event"] == "restore" and e["source"] == "checkpoint"]
+    assert [step for _, step in restores] == restored
     for worker, step in restores:
         assert any(w < worker and s == step for w, s in saves), f"worker {worker} restored step {step}, never saved"
     exits = "(the command)"
