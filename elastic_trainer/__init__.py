@@ -5,7 +5,11 @@ do, and training continues at the exact step and data position.
 """
 
 from ._checkpoint import Checkpointer as Checkpointer
-from ._cluster import AbstractCluster as AbstractCluster, SimulatedCluster as SimulatedCluster
+from ._cluster import (
+    AbstractCluster as AbstractCluster,
+    AbstractInjectableCluster as AbstractInjectableCluster,
+    SimulatedCluster as SimulatedCluster,
+)
 from ._multiprocess import MultiprocessCluster as MultiprocessCluster
 from ._elastic_retry import ElasticRun as ElasticRun, elastic_retry as elastic_retry
 from ._pathways import PathwaysCluster as PathwaysCluster
@@ -22,10 +26,17 @@ from ._failures import (
     TrainingStopped as TrainingStopped,
 )
 from ._goodput import BADPUT_CATEGORIES as BADPUT_CATEGORIES, GoodputClock as GoodputClock
-from ._report import report_events as report_events, summary_table as summary_table
+from ._report import report_events as report_events, summary_table as summary_table, write_report as write_report
 from ._mesh import DEVICE_AXIS as DEVICE_AXIS, SLICE_AXIS as SLICE_AXIS, make_mesh as make_mesh
 from ._models import Transformer as Transformer, next_token_loss as next_token_loss
 from ._plugins import DEFAULT_PLUGINS as DEFAULT_PLUGINS, make_plugin_manager as make_plugin_manager
+from ._protocols import (
+    RestartingStrategy as RestartingStrategy,
+    RunView as RunView,
+    Strategy as Strategy,
+    TrainerView as TrainerView,
+    restarts_process as restarts_process,
+)
 from ._state import TrainState as TrainState, init_train_state as init_train_state
 from ._trainer import FitResult as FitResult, Trainer as Trainer
 from .hookspecs import hookimpl as hookimpl, hookspec as hookspec

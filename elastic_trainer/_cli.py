@@ -24,6 +24,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from ._config import build_strategy, build_trainer, check_config, omegaconf_message, register_configs
 from ._failures import ConfigError, PluginError, RestartRequested, TrainingStopped
+from ._protocols import restarts_process
 from ._plugins import DISABLE_AUTOLOAD_ENV, ENTRY_POINT_GROUP, LOAD_PLUGINS_ENV, describe_plugins, make_plugin_manager
 from ._launcher import launch
 from ._processes import Terminated, die_with_parent
@@ -33,6 +34,8 @@ CONFIG_MODULE = "elastic_trainer_conf"
 LIST_PLUGINS = "--list-plugins"
 EXIT_BAD_INPUT = 2
 EXIT_TRAINING_STOPPED = 3
+REGROUPS_WITHOUT_RESTARTS = 10
+"""How often a multi-process job whose strategy restarts no process may be re-formed (a wait for lost processes)."""
 EXIT_TERMINATED = 143  # 128 + SIGTERM, as a shell reports a process ended by SIGTERM
 
 
@@ -62,11 +65,11 @@ def _app(cfg: DictConfig) -> None:
                 )
             _end_job(launch(
                 overrides=list(hydra_cfg.overrides.task), run_dir=Path(hydra_cfg.runtime.output_dir),
-                num_processes=cfg.cluster.num_processes, max_restarts=getattr(strategy, "max_restarts", 10),
+                num_processes=cfg.cluster.num_processes, max_restarts=strategy.max_restarts if restarts_process(strategy) else REGROUPS_WITHOUT_RESTARTS,
                 started_at=started_at,
             ))
             return
-        if getattr(strategy, "restarts_process", False) and not is_worker():
+        if restarts_process(strategy) and not is_worker():
             _end_job(supervise(
                 overrides=list(hydra_cfg.overrides.task), run_dir=Path(hydra_cfg.runtime.output_dir),
                 max_restarts=strategy.max_restarts, started_at=started_at,

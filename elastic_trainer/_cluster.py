@@ -76,8 +76,31 @@ class AbstractCluster(abc.ABC):
         """
         return tree
 
+    def live_processes(self) -> frozenset[int] | None:
+        """The processes that hold a device of a healthy slice, which save checkpoints together.
 
-class SimulatedCluster(AbstractCluster):
+        ``None`` (the default) for a cluster driven by one process, whose
+        checkpoint group never changes, even when every slice is lost.
+        """
+        return None
+
+
+class AbstractInjectableCluster(AbstractCluster):
+    """A cluster whose slices can be lost on purpose: what failure injection (``+chaos=``) needs."""
+
+    spared_slices: tuple[int, ...] = ()
+    """Slices that random failure injection never picks (a slice whose loss would end the job)."""
+
+    @abc.abstractmethod
+    def fail_slice(self, index: int, *, down_for_s: float) -> None:
+        """Lose slice ``index`` now, as hardware loses it; it may come back after ``down_for_s`` seconds."""
+
+    @abc.abstractmethod
+    def hang_slice(self, index: int, *, down_for_s: float) -> None:
+        """Hang slice ``index`` now: a step that uses it does not finish for ``down_for_s`` seconds."""
+
+
+class SimulatedCluster(AbstractInjectableCluster):
     """Slices made of CPU devices in this process, standing in for accelerator slices.
 
     :param slices: number of slices (data parallel across them).

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
+import inspect
+import typing
 from pathlib import Path
 from typing import Any
 
@@ -13,11 +15,16 @@ from hydra.utils import instantiate
 from omegaconf import MISSING, DictConfig, OmegaConf
 from omegaconf.errors import MissingMandatoryValue, OmegaConfBaseException
 
+from elastic_trainer_plugins.full_restart import FullRestart
+from elastic_trainer_plugins.pause_resume import PauseResume
+from elastic_trainer_plugins.scale_down import ScaleDown
+
 from ._checkpoint import Checkpointer, check_period
 from ._data import StdlibText
 from ._failures import ConfigError, check_at_least
 from ._pathways import load_health_checker
 from ._period import check_mtbf
+from ._settings import check_multiprocess_settings, check_trainer_settings
 from ._trainer import Trainer
 
 
@@ -33,12 +40,13 @@ class TrainerConfig:
     compilation_cache_dir: str | None = None
 
     def __post_init__(self):
-        check_at_least("trainer.steps", self.steps, 1)
-        check_at_least("trainer.global_batch_size", self.global_batch_size, 1)
-        check_at_least("trainer.snapshot_period", self.snapshot_period, 0)
-        check_at_least("trainer.step_timeout_s", self.step_timeout_s, 0)
-        if self.within_slice not in ("replicated", "sharded"):
-            raise ConfigError(f"trainer.within_slice must be 'replicated' or 'sharded', got {self.within_slice!r}.")
+        check_trainer_settings(
+            steps=self.steps,
+            global_batch_size=self.global_batch_size,
+            snapshot_period=self.snapshot_period,
+            step_timeout_s=self.step_timeout_s,
+            within_slice=self.within_slice,
+        )
         if self.compilation_cache_dir and Path(self.compilation_cache_dir).is_file():
             raise ConfigError(
                 f"trainer.compilation_cache_dir {self.compilation_cache_dir} is a file, not a directory; "
@@ -94,29 +102,10 @@ class MultiprocessClusterConfig:
     launcher: str = "local"
 
     def __post_init__(self):
-        # checked here, not only by MultiprocessCluster: the local launcher checks the config before it starts
-        # any process, and the cluster itself is built only in the processes it starts
-        check_at_least("cluster.num_processes", self.num_processes, 1)
-        if self.devices_per_process is not None:
-            check_at_least("cluster.devices_per_process", self.devices_per_process, 1)
-        check_at_least("cluster.processes_per_slice", self.processes_per_slice, 1)
-        if self.num_processes % self.processes_per_slice:
-            raise ConfigError(
-                f"cluster.processes_per_slice ({self.processes_per_slice}) must divide "
-                f"cluster.num_processes ({self.num_processes}); a slice is that many whole processes."
-            )
-        for name in ("heartbeat_timeout_s", "collective_timeout_s", "initialization_timeout_s"):
-            check_at_least(f"cluster.{name}", getattr(self, name), 1)  # whole seconds: JAX's and XLA's own units
-        if self.platform not in ("cpu", None):
-            raise ConfigError(
-                f"cluster.platform must be 'cpu' (gloo collectives between processes on CPU) or null "
-                f"(JAX's default platform and its collectives), got {self.platform!r}."
-            )
-        if self.launcher not in ("local", "none"):
-            raise ConfigError(
-                f"cluster.launcher must be 'local' (the command starts the processes here) or 'none' "
-                f"(a scheduler started them), got {self.launcher!r}."
-            )
+        # checked here too, not only by MultiprocessCluster: the local launcher checks the config before it
+        # starts any process, and the cluster itself is built only in the processes it starts
+        settings = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "_target_"}
+        check_multiprocess_settings(**settings)
 
 
 @dataclasses.dataclass
@@ -198,34 +187,23 @@ class FunctionConfig:
     _partial_: bool = True
 
 
-@dataclasses.dataclass
-class ScaleDownConfig:
-    """``+strategy=scale_down``; value checks live in the plugin's constructor."""
-
-    _target_: str = "elastic_trainer_plugins.scale_down.ScaleDown"
-    min_slice_count: int = 1
-    scale_up: bool = True
-    batch_policy: str = "keep_global"
-    lr_scaling: str = "linear"
-    max_retries: int = 10
-    compile_ahead: bool = True
-
-
-@dataclasses.dataclass
-class PauseResumeConfig:
-    """``+strategy=pause_resume``; value checks live in the plugin's constructor."""
-
-    _target_: str = "elastic_trainer_plugins.pause_resume.PauseResume"
-    timeout_s: float = 300.0
-    max_retries: int = 10
+def schema_of(cls: type) -> type:
+    """A schema built from ``cls``'s constructor: ``_target_`` (its import path), then each parameter with its
+    annotation and default (``MISSING`` where it has none), so that the defaults live in the constructor only."""
+    target = f"{cls.__module__}.{cls.__qualname__}"
+    hints = typing.get_type_hints(cls.__init__)  # the plugins' annotations are strings (``from __future__``)
+    fields = [("_target_", str, dataclasses.field(default=target))]
+    for name, parameter in inspect.signature(cls).parameters.items():
+        default = MISSING if parameter.default is inspect.Parameter.empty else parameter.default
+        fields.append((name, hints[name], dataclasses.field(default=default)))
+    doc = f"The schema of ``{target}``; its defaults and value checks live in its constructor."
+    namespace = {"__module__": __name__, "__doc__": doc}  # found where it is stored, so that configs pickle
+    return dataclasses.make_dataclass(f"{cls.__name__}Config", fields, namespace=namespace)
 
 
-@dataclasses.dataclass
-class FullRestartConfig:
-    """``+strategy=full_restart``; value checks live in the plugin's constructor."""
-
-    _target_: str = "elastic_trainer_plugins.full_restart.FullRestart"
-    max_restarts: int = 10
+ScaleDownConfig = schema_of(ScaleDown)  # +strategy=scale_down
+PauseResumeConfig = schema_of(PauseResume)  # +strategy=pause_resume
+FullRestartConfig = schema_of(FullRestart)  # +strategy=full_restart
 
 
 @dataclasses.dataclass

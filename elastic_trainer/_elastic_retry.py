@@ -1,23 +1,27 @@
-"""``elastic_retry``: our failure handling around a training loop the user keeps (MaxText's shape)."""
+"""``elastic_retry``: our failure handling around a training loop the user keeps (MaxText's shape).
+
+Only what is specific to a user's own loop lives here; classifying a
+failure, the strategy's plan and its waits are the trainer's own
+(``_recovery.py``).
+"""
 
 from __future__ import annotations
 
 import functools
-import importlib
-import json
-import time
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, NoReturn, TypeVar
 
-import pluggy
 from jax.sharding import Mesh
 
-from . import hookspecs
 from ._cluster import AbstractCluster
-from ._failures import ConfigError, PluginError, RecoveryPlan
-from ._plugins import GuardedHooks, answering
-from ._recovery import carry_out_waits, wait_for_slices
+from ._failures import ConfigError, PluginError
+from ._goodput import GoodputClock
+from ._layouts import make_mesh
+from ._plugins import GuardedHooks, make_plugin_manager, strategy_name
+from ._records import FailureLog, PendingRecovery
+from ._recovery import RunContext, carry_out, choose_plan, classify, finish_recovery
+from ._report import write_report
 
 T = TypeVar("T")
 
@@ -42,22 +46,23 @@ class ElasticRun:
         self.cluster = cluster
         self.strategy = strategy
         self.run_dir = None if run_dir is None else Path(run_dir)
-        self.resume = False
-        self.plugin_manager = pluggy.PluginManager(hookspecs.PROJECT_NAME)
-        self.plugin_manager.add_hookspecs(hookspecs)
-        for name in FAILURE_PLUGINS:
-            self.plugin_manager.register(importlib.import_module(name), name=name)
-        for plugin in (*plugins, strategy):
-            if plugin is not None:
-                self.plugin_manager.register(plugin)
+        plugins = [*plugins, *([strategy] if strategy is not None else [])]
+        self.plugin_manager = make_plugin_manager(plugins, defaults=FAILURE_PLUGINS, load_entry_points=False)
         self.hook = GuardedHooks(self.plugin_manager)
         self.mesh: Mesh | None = None
         self.slices: tuple[int, ...] = ()
         self.attempt = 0
         self.step = 0
-        self.failures: list[dict[str, Any]] = []
+        self._failures = FailureLog()
+        self._ctx = RunContext(cluster=cluster, hooks=self.hook, plugin_manager=self.plugin_manager, view=self,
+                               clock=GoodputClock(), failures=self._failures)
         self._incarnations = cluster.incarnations()
-        self._pending_recovery: dict[str, Any] | None = None
+        self._pending: PendingRecovery | None = None
+
+    @property
+    def failures(self) -> list[dict[str, Any]]:
+        """The failures so far, as the report lists them."""
+        return self._failures.to_json()
 
     def steps(self, start: int, stop: int) -> Iterator[int]:
         """The steps ``start`` to ``stop - 1``. The loop body is the step; once it
@@ -68,14 +73,13 @@ class ElasticRun:
             self.hook.et_step_start(trainer=self, step=step)
             yield step
             self.cluster.check_step(self.slices, since=self._incarnations)
-            if self._pending_recovery is not None:
-                pending, self._pending_recovery = self._pending_recovery, None
-                pending["recovery_s"] = time.time() - pending["failed_at"]
+            finish_recovery(self._ctx, self._pending)
+            self._pending = None
             self.hook.et_step_end(trainer=self, step=step + 1, metrics={})
 
     def run(self, function: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         """Call ``function(self, *args, **kwargs)`` until it returns; recover between attempts."""
-        started_at = time.time()
+        started_at = self._ctx.clock.started_at
         self.cluster.configure_jax()
         self._use(sorted(self.cluster.healthy_slices()))
         while True:
@@ -86,36 +90,29 @@ class ElasticRun:
                 raise
             except Exception as error:  # noqa: BLE001 - classified by the failure hook
                 self._recover(error)
-        self._write_report(started_at)
+        if self.run_dir is not None:
+            write_report(self.run_dir, {
+                "strategy": None if self.strategy is None else strategy_name(self.strategy),
+                "cluster": self.cluster.describe(), "attempts": self.attempt + 1, "failures": self.failures,
+                "wall_s": self._ctx.clock.summary()["wall_s"], "started_at": started_at,
+            })
         return result
 
     def _recover(self, error: Exception) -> None:
         """Classify ``error``; let the strategy plan; wait and re-mesh as it says. Re-raise what is not survivable."""
-        failed_at = time.time()
-        failure = self.hook.et_classify_failure(error=error, step=self.step, phase="train_step")
-        lost = [s for s in self.slices if s in failure.slices or s not in self.cluster.healthy_slices()]
-        record = {"step": self.step, "slices": lost, "kind": failure.kind, "action": "stop",
-                  "slices_before": len(self.slices), "failed_at": failed_at, "recovery_s": 0.0}
-        self.failures.append(record)
-        plan = self.hook.et_choose_recovery(trainer=self, failure=failure) if failure.elastic else None
+        failure, index = classify(self._ctx, error, step=self.step, phase="train_step", slices=self.slices,
+                                  since=self._incarnations)
+        plan = choose_plan(self._ctx, failure) if failure.elastic else None
         if plan is None:
             raise error
-        if not isinstance(plan, RecoveryPlan):
-            raise PluginError(
-                f"{answering(self.plugin_manager, 'et_choose_recovery')} returned {plan!r} from et_choose_recovery; "
-                "a strategy must return an et.RecoveryPlan, or None to leave the decision to the next plugin."
-            )
-        plan, healthy = carry_out_waits(
-            plan, record, wait=lambda timeout_s: wait_for_slices(self.hook, self, timeout_s),
-            restart=self._cannot_restart, error=error,
-        )
+        plan, healthy = carry_out(self._ctx, plan, index, error=error, restart=self._cannot_restart)
         self._use(healthy)
-        record["slices_after"] = len(healthy)
-        self._pending_recovery = record
+        self._failures.amend(index, slices_after=len(healthy))
+        self._pending = PendingRecovery(index, self._failures[index].failed_at)
         self.attempt += 1
 
     @staticmethod
-    def _cannot_restart() -> None:
+    def _cannot_restart() -> NoReturn:
         raise ConfigError("elastic_retry recovers inside this process; a strategy that restarts the process "
                           "(full_restart) needs the trainer's command line, python -m elastic_trainer.")
 
@@ -123,23 +120,8 @@ class ElasticRun:
         """Mesh ``slices`` through the ``et_make_mesh`` hook; the data on them is as of now."""
         devices = self.cluster.slice_devices()
         self.slices = tuple(slices)
-        self.mesh = self.hook.et_make_mesh(trainer=self, slice_devices=[devices[s] for s in slices])
+        self.mesh = make_mesh(self.hook, self, [devices[s] for s in slices])
         self._incarnations = self.cluster.incarnations()
-
-    def _write_report(self, started_at: float) -> None:
-        """``report.json`` in ``run_dir``: the failures, the attempts and the wall time."""
-        if self.run_dir is None:
-            return
-        report = {
-            "strategy": getattr(self.strategy, "name", None if self.strategy is None else type(self.strategy).__name__),
-            "cluster": self.cluster.describe(),
-            "attempts": self.attempt + 1,
-            "failures": self.failures,
-            "wall_s": time.time() - started_at,
-            "started_at": started_at,
-        }
-        self.run_dir.mkdir(parents=True, exist_ok=True)
-        (self.run_dir / "report.json").write_text(json.dumps(report, indent=2) + "\n")
 
 
 def elastic_retry(

@@ -118,4 +118,11 @@ class TrainingStopped(RuntimeError):
 
 
 class RestartRequested(TrainingStopped):
-    """The strategy wants a fresh worker process that restores the last checkpoint."""
+    """The strategy wants a fresh worker process that restores the last checkpoint.
+
+    :param resume_step: the step of that checkpoint (0: none yet, the next worker starts afresh).
+    """
+
+    def __init__(self, message: str, *, resume_step: int):
+        super().__init__(message)
+        self.resume_step = resume_step

@@ -73,3 +73,20 @@ def keep_slices(tree: PyTree, mesh: Mesh, slices: Sequence[int]) -> PyTree:
         )
 
     return jax.tree.map(keep, tree)
+
+
+def put_on(tree: PyTree, shardings: PyTree) -> PyTree:
+    """Place ``tree`` (the same values in every process) on ``shardings``.
+
+    Each process writes only its own devices' shards: with several
+    processes, ``jax.device_put`` would first check with a collective per
+    array that every process holds the same values.
+    """
+    if jax.process_count() == 1:
+        return jax.device_put(tree, shardings)
+
+    def put(leaf: jax.Array, sharding: jax.sharding.Sharding) -> jax.Array:
+        host = np.asarray(leaf)
+        return jax.make_array_from_callback(host.shape, sharding, lambda index: host[index])
+
+    return jax.tree.map(put, tree, shardings)

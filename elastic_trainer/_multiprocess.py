@@ -17,9 +17,10 @@ from jax._src import xla_bridge
 from jax.experimental.multihost_utils import ProcessFailureError, live_devices
 from jaxtyping import PyTree
 
-from ._cluster import AbstractCluster
-from ._failures import ConfigError, SliceLostError, StepTimeoutError, check_at_least
+from ._cluster import AbstractInjectableCluster
+from ._failures import ConfigError, SliceLostError, StepTimeoutError
 from ._group_barrier import coordination_client
+from ._settings import check_multiprocess_settings
 
 PROCESS_ID_ENV = "ELASTIC_TRAINER_PROCESS_ID"
 """Set by the local launcher to a worker's process id; unset, JAX detects it (Slurm, Kubernetes, Cloud TPU)."""
@@ -42,7 +43,7 @@ def _wait_quietly(arrays: PyTree) -> None:
         pass
 
 
-class MultiprocessCluster(AbstractCluster):
+class MultiprocessCluster(AbstractInjectableCluster):
     """Slices made of processes of a multi-controller JAX job (``jax.distributed``).
 
     Every process runs the same training loop on its own devices; a slice is
@@ -88,19 +89,12 @@ class MultiprocessCluster(AbstractCluster):
         platform: str | None = "cpu",
         launcher: str = "local",
     ):
-        check_at_least("cluster.num_processes", num_processes, 1)
-        check_at_least("cluster.processes_per_slice", processes_per_slice, 1)
-        check_at_least("cluster.heartbeat_timeout_s", heartbeat_timeout_s, 1)
-        check_at_least("cluster.collective_timeout_s", collective_timeout_s, 1)
-        check_at_least("cluster.initialization_timeout_s", initialization_timeout_s, 1)
-        if devices_per_process is not None:
-            check_at_least("cluster.devices_per_process", devices_per_process, 1)
-        if num_processes % processes_per_slice:
-            raise ConfigError(
-                f"cluster.processes_per_slice ({processes_per_slice}) must divide cluster.num_processes ({num_processes})."
-            )
-        if launcher not in ("local", "none"):
-            raise ConfigError(f"cluster.launcher must be 'local' or 'none', got {launcher!r}.")
+        check_multiprocess_settings(
+            num_processes=num_processes, devices_per_process=devices_per_process,
+            processes_per_slice=processes_per_slice, heartbeat_timeout_s=heartbeat_timeout_s,
+            collective_timeout_s=collective_timeout_s, initialization_timeout_s=initialization_timeout_s,
+            platform=platform, launcher=launcher,
+        )
         self.num_processes = num_processes
         self.devices_per_process = devices_per_process
         self.processes_per_slice = processes_per_slice
@@ -204,6 +198,10 @@ class MultiprocessCluster(AbstractCluster):
 
     def incarnations(self) -> tuple[int, ...]:
         return tuple(self._failures)
+
+    def live_processes(self) -> frozenset[int]:
+        """The processes of the healthy slices."""
+        return frozenset(p for s in self.healthy_slices() for p in self.processes_of(s))
 
     def check_step(self, slices: Sequence[int], *, since: tuple[int, ...]) -> None:
         """Agree with the other live processes on who lives (a barrier); raise ``DATA_LOSS`` for slices lost."""

@@ -33,11 +33,14 @@ DEFAULT_PLUGINS = (
 ``module`` registers the module, ``module:Class`` an instance of the class."""
 
 
-def make_plugin_manager(plugins: Iterable[object] = (), *, load_entry_points: bool | None = None) -> pluggy.PluginManager:
+def make_plugin_manager(
+    plugins: Iterable[object] = (), *, defaults: Iterable[str] = DEFAULT_PLUGINS, load_entry_points: bool | None = None
+) -> pluggy.PluginManager:
     """A plugin manager with the built-ins, the entry-point group and ``plugins``.
 
     :param plugins: extra plugins (modules or objects with hook implementations),
         registered after the others.
+    :param defaults: the built-in plugins to register, named as in :data:`DEFAULT_PLUGINS`.
     :param load_entry_points: load the ``elastic_trainer`` entry-point group
         (only the plugins ``ELASTIC_TRAINER_LOAD_PLUGINS`` names, when it is
         set); by default yes, unless ``ELASTIC_TRAINER_DISABLE_PLUGIN_AUTOLOAD`` is set.
@@ -50,7 +53,7 @@ def make_plugin_manager(plugins: Iterable[object] = (), *, load_entry_points: bo
     if _env_flag(TRACE_HOOKS_ENV):
         manager.trace.root.setwriter(_write_trace)
         manager.enable_tracing()
-    for name in DEFAULT_PLUGINS:
+    for name in defaults:
         manager.register(_load_default(name), name=name)
     if load_entry_points is None:
         load_entry_points = not _env_flag(DISABLE_AUTOLOAD_ENV)
@@ -188,6 +191,17 @@ class GuardedHooks:
                 ) from error
 
         return call
+
+
+def strategy_name(strategy: object) -> str:
+    """A strategy's name for the report: its ``name`` attribute (:class:`~elastic_trainer.hookspecs.Strategy`), else
+    its class name."""
+    return getattr(strategy, "name", type(strategy).__name__)
+
+
+def registers_hooks(obj: object) -> bool:
+    """Whether ``obj`` has hook implementations (methods marked with ``et.hookimpl``)."""
+    return any(hasattr(getattr(type(obj), name, None), f"{hookspecs.PROJECT_NAME}_impl") for name in dir(type(obj)))
 
 
 def _raiser(caller: pluggy.HookCaller, error: Exception) -> str:

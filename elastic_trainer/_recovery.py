@@ -1,59 +1,297 @@
-"""Carrying out a strategy's plan: waiting for slices, and falling back along a chain."""
+"""Recovery from a failure, as one path of functions (docs/architecture.md follows it).
+
+:func:`survive` is where the trainer's loop hands a failure over:
+:func:`classify` it (``et_classify_failure``, the slices lost),
+:func:`choose_plan` (the strategy, ``et_choose_recovery``), :func:`carry_out`
+its waits and fallbacks, mesh the slices that are left, :func:`restore` the
+state (a surviving replica, else the host snapshot, else a checkpoint) and
+:func:`roll_back` what the state no longer holds. ``et.elastic_retry`` uses
+the same :func:`classify`, :func:`choose_plan`, :func:`carry_out` and
+:func:`finish_recovery` around a loop the user keeps.
+"""
 
 from __future__ import annotations
 
+import dataclasses
 import time
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, NoReturn
 
-from ._failures import RecoveryPlan, TrainingStopped
+import equinox as eqx
+import jax
+import pluggy
+from jaxtyping import PyTree
+
+from ._cluster import AbstractCluster
+from ._failures import ConfigError, Failure, PluginError, RecoveryPlan, RestartRequested, TrainingStopped
+from ._goodput import GoodputClock
+from ._layouts import Layouts
+from ._mesh import keep_slices
+from ._plugins import answering
+from ._records import FailureLog, FailureRecord, Layout, LoopState, PendingRecovery, StepHistory
+from ._run_checkpoints import NoReadableCheckpoint, RunCheckpoints
+from ._snapshots import HostSnapshots
+from ._step_cache import StepCache
+from ._step_runner import StepRunner
 
 HEALTH_POLL_S = 0.05
 """How often slice health is asked while waiting for slices."""
 
 
-def wait_for_slices(hook: Any, trainer: Any, timeout_s: float) -> list[int]:
-    """Poll the ``et_slice_health`` hook until every slice of ``trainer.cluster`` is healthy or ``timeout_s`` passed."""
-    total = len(trainer.cluster.slice_devices())
-    deadline = time.monotonic() + timeout_s
-    healthy = hook.et_slice_health(trainer=trainer)
-    while len(healthy) < total and time.monotonic() < deadline:
-        time.sleep(min(HEALTH_POLL_S, max(0.0, deadline - time.monotonic())))
-        healthy = hook.et_slice_health(trainer=trainer)
-    return sorted(healthy)
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class RunContext:
+    """What recovery works with, in any loop.
+
+    :param cluster: the slices.
+    :param hooks: the plugins' hooks (:class:`GuardedHooks`).
+    :param plugin_manager: the manager behind them, to name a plugin in an error.
+    :param view: what hooks receive as ``trainer``.
+    :param clock: books detection and waiting.
+    :param failures: the run's failure records.
+    """
+
+    cluster: AbstractCluster
+    hooks: Any
+    plugin_manager: pluggy.PluginManager
+    view: object
+    clock: GoodputClock
+    failures: FailureLog
 
 
-def carry_out_waits(
-    plan: RecoveryPlan,
-    record: dict[str, Any],
-    *,
-    wait: Callable[[float], list[int]],
-    restart: Callable[[], None],
-    error: Exception,
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class TrainingContext(RunContext):
+    """What the trainer's recovery works with besides: layouts, checkpoints, snapshots and the committed steps.
+
+    :param layouts: makes the layout the run goes on with.
+    :param checkpoints: the run's checkpoints, or ``None``.
+    :param snapshots: the host snapshots.
+    :param history: the committed steps (rolled back with the state).
+    :param abstract: the state's arrays as shapes and dtypes (a checkpoint restore's target).
+    :param static: the state's non-array part.
+    :param step_cache: the compiled steps.
+    :param runner: runs a step.
+    """
+
+    layouts: Layouts
+    checkpoints: RunCheckpoints | None
+    snapshots: HostSnapshots
+    history: StepHistory
+    abstract: PyTree
+    static: PyTree
+    step_cache: StepCache
+    runner: StepRunner
+
+
+# ---------------------------------------------------------------------- shared with elastic_retry
+
+
+def lost_slices(ctx: RunContext, slices: Sequence[int], reported: Sequence[int], since: tuple[int, ...]) -> tuple[int, ...]:
+    """Slices of ``slices`` whose data is gone: reported lost, unhealthy, or failed since ``since``."""
+    healthy = set(ctx.hooks.et_slice_health(trainer=ctx.view))
+    incarnations = ctx.cluster.incarnations()
+    return tuple(s for s in slices if s in reported or s not in healthy or incarnations[s] != since[s])
+
+
+def classify(
+    ctx: RunContext, error: Exception, *, step: int, phase: str, slices: Sequence[int], since: tuple[int, ...]
+) -> tuple[Failure, int]:
+    """Classify ``error`` (``et_classify_failure``), find the slices lost, and record the failure.
+
+    Returns the failure (its ``slices`` those lost) and its index in ``ctx.failures``.
+    """
+    failed_at = getattr(error, "occurred_at", None) or time.time()  # a process death is stamped when it died
+    with ctx.clock.measure("detection"):
+        failure: Failure = ctx.hooks.et_classify_failure(error=error, step=step, phase=phase)
+        lost = lost_slices(ctx, slices, failure.slices, since)
+    record = FailureRecord(
+        step=step, phase=failure.phase, slices=lost, kind=failure.kind, slices_before=len(slices),
+        failed_at=failed_at, detection_s=time.time() - failed_at,
+    )
+    return dataclasses.replace(failure, slices=lost), ctx.failures.add(record)
+
+
+def choose_plan(ctx: RunContext, failure: Failure) -> RecoveryPlan | None:
+    """The strategy's plan for an elastic ``failure`` (``et_choose_recovery``), or ``None`` when none answers."""
+    plan = ctx.hooks.et_choose_recovery(trainer=ctx.view, failure=failure)
+    if plan is not None and not isinstance(plan, RecoveryPlan):
+        raise PluginError(
+            f"{answering(ctx.plugin_manager, 'et_choose_recovery')} returned {plan!r} from et_choose_recovery; "
+            "a strategy must return an et.RecoveryPlan, or None to leave the decision to the next plugin."
+        )
+    return plan
+
+
+def carry_out(
+    ctx: RunContext, plan: RecoveryPlan, index: int, *, error: Exception, restart: Callable[[], NoReturn]
 ) -> tuple[RecoveryPlan, list[int]]:
     """Wait as ``plan`` says; when too few slices are back, fall back to ``plan.otherwise`` or stop.
 
-    :param record: the failure's report entry; gets ``action``, ``waiting_s``
-        and, after a fallback, ``fell_back_from``.
-    :param wait: waits up to the given seconds for every slice; returns the healthy ones.
-    :param restart: called for a plan that restarts the process; it must raise.
-    :param error: the failure, chained to a :class:`TrainingStopped`.
+    A plan that restarts the process calls ``restart`` (which raises). So does
+    a plan that waits for lost slices on a cluster where they cannot come
+    back (``cluster.lost_slices_rejoin`` is false: the multi-process runtime
+    of this JAX): the whole job is re-formed instead, and the failure is
+    marked ``regrouped``. The failure record ``index`` gets the ``action``,
+    ``waiting_s`` and, after a fallback, ``fell_back_from``.
+
     :returns: the plan carried out and the healthy slices.
     """
-    record["waiting_s"] = 0.0
+    total = len(ctx.cluster.slice_devices())
+    waited, fell_back_from = 0.0, ()
     while True:
-        record["action"] = plan.action
+        ctx.failures.amend(index, action=plan.action, waiting_s=waited)
         if plan.restart_process:
             restart()
+        if plan.wait_for_all_s and not ctx.cluster.lost_slices_rejoin and len(ctx.cluster.healthy_slices()) < total:
+            ctx.failures.amend(index, regrouped=True)
+            restart()
         begin = time.time()
-        healthy = wait(plan.wait_for_all_s)
-        record["waiting_s"] += time.time() - begin
+        healthy = wait_for_slices(ctx, plan.wait_for_all_s)
+        waited += time.time() - begin
+        ctx.failures.amend(index, waiting_s=waited)
         if len(healthy) >= plan.min_slices:
             return plan, healthy
         if plan.otherwise is None:
             raise TrainingStopped(
-                f"{plan.action}: {len(healthy)} slice(s) healthy after waiting {record['waiting_s']:.0f} s, "
+                f"{plan.action}: {len(healthy)} slice(s) healthy after waiting {waited:.0f} s, "
                 f"fewer than the {plan.min_slices} the strategy needs; the last checkpoint is intact."
             ) from error
-        record.setdefault("fell_back_from", []).append(plan.action)
+        fell_back_from += (plan.action,)
+        ctx.failures.amend(index, fell_back_from=fell_back_from)
         plan = plan.otherwise
+
+
+def wait_for_slices(ctx: RunContext, timeout_s: float) -> list[int]:
+    """Poll ``et_slice_health`` until every slice is healthy or ``timeout_s`` passed; the healthy slices."""
+    total = len(ctx.cluster.slice_devices())
+    with ctx.clock.measure("waiting_for_slices"):
+        deadline = time.monotonic() + timeout_s
+        healthy = ctx.hooks.et_slice_health(trainer=ctx.view)
+        while len(healthy) < total and time.monotonic() < deadline:
+            time.sleep(min(HEALTH_POLL_S, max(0.0, deadline - time.monotonic())))
+            healthy = ctx.hooks.et_slice_health(trainer=ctx.view)
+    return sorted(healthy)
+
+
+def finish_recovery(ctx: RunContext, pending: PendingRecovery | None) -> None:
+    """After the first productive step since a failure: its recovery time is known."""
+    if pending is not None:
+        ctx.failures.amend(pending.failure, recovery_s=time.time() - pending.failed_at)
+
+
+# ---------------------------------------------------------------------- the trainer's recovery
+
+
+def survive(ctx: TrainingContext, error: Exception, state: LoopState, *, phase: str) -> LoopState:
+    """Recover from ``error`` raised in ``phase`` of the loop at ``state``; a failure while recovering starts over.
+
+    Returns the state to go on from: whole, on the new layout, at the step
+    restored, with the steps after it rolled back.
+    """
+    if isinstance(error, PluginError):
+        raise error  # a plugin's bug, not the hardware's
+    while True:
+        try:
+            recovered = recover(ctx, error, state, phase=phase)
+            break
+        except (TrainingStopped, PluginError):
+            raise
+        except Exception as again:  # noqa: BLE001 - classified like any other failure
+            error, phase = again, "recovery"
+    roll_back(ctx, recovered.step)
+    return recovered
+
+
+def recover(ctx: TrainingContext, error: Exception, state: LoopState, *, phase: str) -> LoopState:
+    """Classify the failure, let the strategy plan, carry the plan out, re-mesh and restore."""
+    step, old = state.step, state.layout
+    failure, index = classify(ctx, error, step=step, phase=phase, slices=old.slices, since=state.incarnations)
+    if ctx.checkpoints is not None:  # before anything waits for a save that lost processes were part of
+        ctx.checkpoints.regroup(slices=old.slices, since=state.incarnations)
+    if not failure.elastic:
+        raise TrainingStopped(f"step {step + 1} failed with a fatal error: {error}") from error
+    plan = choose_plan(ctx, failure)
+    if plan is None:
+        raise TrainingStopped(
+            f"step {step + 1} failed ({failure.kind}) and no strategy is selected, so training stops "
+            "the traditional way; select one with +strategy=NAME to keep training through failures."
+        ) from error
+    plan, healthy = carry_out(ctx, plan, index, error=error, restart=lambda: restart(ctx, index, state, error=error))
+    lost = lost_slices(ctx, old.slices, failure.slices, state.incarnations)  # more may have failed meanwhile
+    arrays = ctx.cluster.surviving(state.arrays, lost)  # what lived on lost slices is gone
+    ctx.failures.amend(index, slices=lost)
+    survivors = [s for s in old.slices if s not in lost] if state.whole else []
+    begin = time.time()
+    try:
+        new = ctx.layouts.make(healthy, plan=plan)
+    except ConfigError as bad_layout:
+        raise TrainingStopped(f"{plan.action}: {bad_layout}") from error
+    remesh_s = time.time() - begin - new.compile_s
+    begin = time.time()
+    arrays, source, restored_step = restore(ctx, arrays, old, survivors, new, step=step)
+    record = ctx.failures.amend(
+        index, compile_s=new.compile_s, compile_cached=new.compile_cached, remesh_s=remesh_s,
+        restore_s=time.time() - begin, restored_from=source, lost_steps=step - restored_step,
+        slices_after=len(new.slices),
+    )
+    ctx.layouts.record_resize(step, old, new, reason="failure", seconds=remesh_s + record.compile_s + record.restore_s)
+    return LoopState(
+        arrays, new, step=int(arrays.step), position=int(arrays.data_position),
+        incarnations=ctx.cluster.incarnations(), pending=PendingRecovery(index, record.failed_at),
+    )
+
+
+def restore(
+    ctx: TrainingContext, arrays: PyTree, old: Layout, survivors: Sequence[int], new: Layout, *, step: int
+) -> tuple[PyTree, str, int]:
+    """The state on ``new``: from a surviving replica, else the host snapshot, else the newest readable checkpoint.
+
+    Returns the arrays, where they came from, and the step they hold.
+    """
+    since = ctx.cluster.incarnations()  # the restore must not outlive a slice it writes to
+    if not survivors and ctx.snapshots.latest is None:
+        if ctx.checkpoints is None or ctx.checkpoints.checkpointer.latest_step() is None:
+            raise TrainingStopped("every slice was lost and there is no snapshot or checkpoint to restore from.")
+        target = jax.tree.map(
+            lambda a, sharding: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sharding), ctx.abstract, new.shardings
+        )
+        with ctx.clock.measure("checkpoint_restore"):
+            try:
+                arrays, restored_step = ctx.checkpoints.restore_newest(target, slices=new.slices, since=since)
+            except NoReadableCheckpoint as none:
+                raise TrainingStopped(f"every slice was lost and no checkpoint is readable{none.unreadable}.") from None
+        return arrays, "checkpoint", restored_step
+    source, restored_step = ("replica", step) if survivors else ("snapshot", ctx.snapshots.latest[0])
+    ctx.hooks.et_before_restore(trainer=ctx.view, step=restored_step, source=source)
+    with ctx.clock.measure("remesh" if survivors else "checkpoint_restore"):
+        if survivors:
+            positions = [old.slices.index(s) for s in survivors]
+            arrays = jax.device_put(keep_slices(arrays, old.mesh, positions), new.shardings)
+        else:
+            arrays = jax.device_put(ctx.snapshots.latest[1], new.shardings)
+        jax.block_until_ready(arrays)
+        ctx.cluster.check_step(new.slices, since=since)
+    ctx.hooks.et_after_restore(
+        trainer=ctx.view, step=restored_step, source=source, state=eqx.combine(arrays, ctx.static)
+    )
+    return arrays, source, restored_step
+
+
+def restart(ctx: TrainingContext, index: int, state: LoopState, *, error: Exception) -> NoReturn:
+    """Give up this process: the next worker restores the last complete checkpoint (:class:`RestartRequested`)."""
+    record = ctx.failures[index]
+    if ctx.checkpoints is None:
+        raise TrainingStopped(f"{record.action}: a restart needs checkpoints; enable checkpoint.enabled.")
+    with ctx.clock.measure("checkpoint_save"):
+        ctx.checkpoints.checkpointer.wait()
+    restored = ctx.checkpoints.checkpointer.latest_step() or 0
+    ctx.failures.amend(index, restored_from="checkpoint" if restored else "none", lost_steps=state.step - restored)
+    roll_back(ctx, restored)
+    raise RestartRequested(
+        f"step {state.step + 1} lost slice(s) {list(record.slices)}; restarting the worker from step {restored}.",
+        resume_step=restored,
+    ) from error
+
+
+def roll_back(ctx: TrainingContext, to_step: int) -> None:
+    """Forget the steps from ``to_step`` on: their samples, losses, and their time as goodput."""
+    ctx.clock.reclassify_productive(ctx.history.roll_back(to_step))

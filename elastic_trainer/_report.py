@@ -2,12 +2,57 @@
 
 from __future__ import annotations
 
-from typing import Any
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from rich.table import Table
 
 from ._goodput import BADPUT_CATEGORIES
 from ._ledger import SampleLedger
+from ._plugins import strategy_name
+
+if TYPE_CHECKING:
+    from ._records import LoopState
+    from ._recovery import TrainingContext
+    from ._trainer import Trainer
+
+
+REPORT_FILE = "report.json"
+
+
+def write_report(run_dir: Path, report: dict[str, Any]) -> Path:
+    """Write ``report`` as ``report.json`` in ``run_dir`` (created if missing); the file's path."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    path = run_dir / REPORT_FILE
+    path.write_text(json.dumps(report, indent=2) + "\n")
+    return path
+
+
+def run_report(trainer: Trainer, ctx: TrainingContext, state: LoopState) -> dict[str, Any]:
+    """The report of a run that ended at ``state`` (the README's "Run report"), ``stopped`` left to the caller."""
+    history = ctx.history
+    losses = history.ordered_losses()
+    return {
+        "strategy": None if trainer.strategy is None else strategy_name(trainer.strategy),
+        "cluster": trainer.cluster.describe(),
+        "steps_target": trainer.steps,
+        "steps_completed": state.step,
+        "loss_first": losses[0] if losses else None,
+        "final_loss": losses[-1] if losses else None,
+        **ctx.clock.summary(),
+        "failures": trainer.failures,
+        "resizes": [resize.to_json() for resize in ctx.layouts.resizes],
+        "compile_cache": {"compiled_ahead": ctx.step_cache.compiled_ahead, "saved_s": ctx.step_cache.saved_s},
+        "checkpoint": None if trainer.checkpointer is None else trainer.checkpointer.describe(),
+        "resumed_from": history.resumed_from,
+        "samples": history.ledger.counts(state.position),
+        "data_position": state.position,
+        "started_at": ctx.clock.started_at,
+        "ended_at": ctx.clock.ended_at,
+        "first_step_ended_at": history.first_step_ended_at,
+        "badput_before_first_step_s": history.badput_before_first_step_s,
+    }
 
 
 def summary_table(report: dict[str, Any]) -> Table:

@@ -14,7 +14,7 @@ import numpy as np
 from rich.console import Console
 
 from ._processes import POLL_S, ProcessGroup, terminate_on_sigterm
-from ._report import merge_worker_reports, report_events, summary_table
+from ._report import merge_worker_reports, report_events, summary_table, write_report
 
 EVENTS = "events.jsonl"
 
@@ -95,8 +95,7 @@ def restart_until_done(
         print(f"elastic_trainer: restarting {restarting} (restart {attempt + 1})", flush=True)
         resume = ["checkpoint.resume=true"] if _holds_checkpoints(reports[-1]["checkpoint"]) else []
     report = {**merge_worker_reports(reports, ledgers, started_at=started_at), **report_extras()}
-    report_file = run_dir / "report.json"
-    report_file.write_text(json.dumps(report, indent=2) + "\n")
+    report_file = write_report(run_dir, report)
     merge_worker_events(run_dir, report, workers=len(reports))
     Console().print(summary_table(report))
     print(f"report: {report_file}")

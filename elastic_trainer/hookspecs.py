@@ -34,7 +34,7 @@ if TYPE_CHECKING:
 
     from ._failures import Failure, RecoveryPlan
     from ._state import TrainState
-    from ._trainer import Trainer
+    from ._protocols import RunView, TrainerView
 
 PROJECT_NAME = "elastic_trainer"
 
@@ -48,7 +48,7 @@ hookimpl = pluggy.HookimplMarker(PROJECT_NAME)
 
 
 @hookspec
-def et_run_start(trainer: Trainer, state: TrainState) -> None:
+def et_run_start(trainer: TrainerView, state: TrainState) -> None:
     """Called once, after the initial train state exists and before the first step.
 
     :param trainer: the trainer about to run; read ``trainer.steps``,
@@ -61,7 +61,7 @@ def et_run_start(trainer: Trainer, state: TrainState) -> None:
 
 
 @hookspec
-def et_step_start(trainer: Trainer, step: int) -> None:
+def et_step_start(trainer: RunView, step: int) -> None:
     """Called before each train step starts.
 
     :param trainer: the running trainer; ``trainer.slices`` are the slices in use.
@@ -73,7 +73,7 @@ def et_step_start(trainer: Trainer, step: int) -> None:
 
 
 @hookspec
-def et_step_end(trainer: Trainer, step: int, metrics: dict[str, jax.Array]) -> None:
+def et_step_end(trainer: RunView, step: int, metrics: dict[str, jax.Array]) -> None:
     """Called after each train step has completed on every slice in use.
 
     :param trainer: the running trainer.
@@ -87,7 +87,7 @@ def et_step_end(trainer: Trainer, step: int, metrics: dict[str, jax.Array]) -> N
 
 
 @hookspec
-def et_run_end(trainer: Trainer, report: dict[str, Any]) -> None:
+def et_run_end(trainer: TrainerView, report: dict[str, Any]) -> None:
     """Called once when training ends, normally or because it was stopped.
 
     :param trainer: the trainer that ran.
@@ -120,7 +120,7 @@ def et_classify_failure(error: BaseException, step: int, phase: str) -> Failure 
 
 
 @hookspec(firstresult=True)
-def et_slice_health(trainer: Trainer) -> list[int] | None:
+def et_slice_health(trainer: RunView) -> list[int] | None:
     """Called to learn which slices are healthy: after a failure, while waiting, and at step boundaries.
 
     :param trainer: the running trainer; ``trainer.cluster`` is the cluster.
@@ -132,7 +132,7 @@ def et_slice_health(trainer: Trainer) -> list[int] | None:
 
 
 @hookspec(firstresult=True)
-def et_propose_resize(trainer: Trainer, healthy_slices: list[int]) -> list[int] | None:
+def et_propose_resize(trainer: TrainerView, healthy_slices: list[int]) -> list[int] | None:
     """Called at each step boundary, to offer a change of the slices in use.
 
     :param trainer: the running trainer; ``trainer.slices`` are the slices in use.
@@ -145,7 +145,7 @@ def et_propose_resize(trainer: Trainer, healthy_slices: list[int]) -> list[int] 
 
 
 @hookspec
-def et_likely_layouts(trainer: Trainer) -> list[list[int]]:
+def et_likely_layouts(trainer: TrainerView) -> list[list[int]]:
     """Called once after the first compile, to learn which slice sets may come next.
 
     :param trainer: the trainer; ``trainer.slices`` are the slices in use.
@@ -157,7 +157,7 @@ def et_likely_layouts(trainer: Trainer) -> list[list[int]]:
 
 
 @hookspec(firstresult=True)
-def et_choose_recovery(trainer: Trainer, failure: Failure) -> RecoveryPlan | None:
+def et_choose_recovery(trainer: RunView, failure: Failure) -> RecoveryPlan | None:
     """Called after an elastic failure, to pick what to do about it: the strategy.
 
     :param trainer: the running trainer.
@@ -171,7 +171,7 @@ def et_choose_recovery(trainer: Trainer, failure: Failure) -> RecoveryPlan | Non
 
 
 @hookspec(firstresult=True)
-def et_make_mesh(trainer: Trainer, slice_devices: Sequence[Sequence[jax.Device]]) -> Mesh | None:
+def et_make_mesh(trainer: RunView, slice_devices: Sequence[Sequence[jax.Device]]) -> Mesh | None:
     """Called to build the mesh: once at start, and again after every resize.
 
     :param trainer: the trainer.
@@ -189,7 +189,7 @@ def et_make_mesh(trainer: Trainer, slice_devices: Sequence[Sequence[jax.Device]]
 
 
 @hookspec
-def et_before_checkpoint_save(trainer: Trainer, step: int) -> None:
+def et_before_checkpoint_save(trainer: TrainerView, step: int) -> None:
     """Called just before a checkpoint of ``step`` is handed to Orbax.
 
     :param trainer: the running trainer.
@@ -200,7 +200,7 @@ def et_before_checkpoint_save(trainer: Trainer, step: int) -> None:
 
 
 @hookspec
-def et_after_checkpoint_save(trainer: Trainer, step: int, directory: str) -> None:
+def et_after_checkpoint_save(trainer: TrainerView, step: int, directory: str) -> None:
     """Called once the step loop may go on after a save of ``step``.
 
     The save may still be committing in the background (Orbax async saves);
@@ -215,7 +215,7 @@ def et_after_checkpoint_save(trainer: Trainer, step: int, directory: str) -> Non
 
 
 @hookspec
-def et_before_restore(trainer: Trainer, step: int, source: str) -> None:
+def et_before_restore(trainer: TrainerView, step: int, source: str) -> None:
     """Called before train state is restored.
 
     :param trainer: the running trainer.
@@ -228,7 +228,7 @@ def et_before_restore(trainer: Trainer, step: int, source: str) -> None:
 
 
 @hookspec
-def et_after_restore(trainer: Trainer, step: int, source: str, state: TrainState) -> None:
+def et_after_restore(trainer: TrainerView, step: int, source: str, state: TrainState) -> None:
     """Called after train state was restored, before training continues.
 
     :param trainer: the running trainer.

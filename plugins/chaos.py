@@ -89,7 +89,7 @@ class Chaos:
     @et.hookimpl
     def et_run_start(self, trainer: et.Trainer) -> None:
         """Check that the cluster can lose slices and has the ones scheduled."""
-        if not hasattr(trainer.cluster, "fail_slice"):
+        if not isinstance(trainer.cluster, et.AbstractInjectableCluster):
             raise et.ConfigError(
                 f"chaos needs a cluster that can lose slices (cluster=simulated or cluster=multiprocess), "
                 f"not {trainer.cluster.kind}."
@@ -147,8 +147,7 @@ class Chaos:
         if step not in self._random_steps:
             self._random_steps.add(step)
             self._remember(trainer)
-            spared = getattr(trainer.cluster, "spared_slices", ())  # multiprocess: slice 0 hosts the coordinator
-            candidates = [s for s in trainer.slices if s not in spared]
+            candidates = [s for s in trainer.slices if s not in trainer.cluster.spared_slices]
             if candidates:
                 trainer.cluster.fail_slice(int(rng.choice(candidates)), down_for_s=self.random_down_for_s)
 

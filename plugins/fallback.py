@@ -28,10 +28,9 @@ class Fallback:
             raise et.ConfigError("strategy.strategies must name at least two strategies to fall back between.")
         self.strategies = list(strategies)
         self.name = "->".join(getattr(s, "name", type(s).__name__) for s in self.strategies)
-        restarting = [s for s in self.strategies if getattr(s, "restarts_process", False)]
-        self.restarts_process = bool(restarting)
-        if restarting:
-            self.max_restarts = restarting[0].max_restarts
+        restarting = [s for s in self.strategies if et.restarts_process(s)]
+        self.restarts_process = bool(restarting)  # et.RestartingStrategy: a member may restart the process
+        self.max_restarts = restarting[0].max_restarts if restarting else 0
 
     @et.hookimpl
     def et_choose_recovery(self, trainer: et.Trainer, failure: et.Failure) -> et.RecoveryPlan:

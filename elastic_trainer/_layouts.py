@@ -1,0 +1,117 @@
+"""Layouts: slices meshed through the ``et_make_mesh`` hook, the global batch on them, and a compiled step."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+from jax.sharding import Mesh
+
+from ._cluster import AbstractCluster
+from ._failures import ConfigError, PluginError, RecoveryPlan
+from ._goodput import GoodputClock
+from ._mesh import DEVICE_AXIS, SLICE_AXIS, keep_slices
+from ._records import Layout, LoopState, ResizeRecord
+from ._step_cache import StepCache
+
+
+def make_mesh(hooks: Any, view: object, slice_devices: Sequence[Sequence[jax.Device]]) -> Mesh:
+    """The mesh plugins make for ``slice_devices`` (``et_make_mesh``); a :class:`PluginError` if it is not one."""
+    mesh = hooks.et_make_mesh(trainer=view, slice_devices=slice_devices)
+    if not isinstance(mesh, Mesh) or mesh.axis_names != (SLICE_AXIS, DEVICE_AXIS):
+        raise PluginError(
+            f"et_make_mesh returned {mesh!r}; a plugin must return a jax.sharding.Mesh "
+            f"with axes ({SLICE_AXIS!r}, {DEVICE_AXIS!r})."
+        )
+    return mesh
+
+
+class Layouts:
+    """Makes the layouts a run trains on, and compiles likely next ones ahead.
+
+    :param cluster: where the slices come from.
+    :param hooks: the plugins' hooks.
+    :param view: what hooks receive as ``trainer``.
+    :param clock: books meshing as start-up (first layout) or re-mesh, and compiling as compile.
+    :param steps: the compiled steps, by layout.
+    :param global_batch_size: samples per step on the full cluster.
+    """
+
+    def __init__(
+        self, *, cluster: AbstractCluster, hooks: Any, view: object, clock: GoodputClock, steps: StepCache,
+        global_batch_size: int,
+    ):
+        self._cluster = cluster
+        self._hooks = hooks
+        self._view = view
+        self._clock = clock
+        self._steps = steps
+        self._global_batch_size = global_batch_size
+        self.current: Layout | None = None
+        """The layout made last (what ``trainer.slices`` and ``trainer.mesh`` show)."""
+        self.resizes: list[ResizeRecord] = []
+        """Every change of the slices in use, as the report lists them."""
+
+    def make(self, slices: Sequence[int], *, plan: RecoveryPlan | None = None) -> Layout:
+        """Mesh ``slices`` and get a step compiled for them, with ``plan``'s batch policy."""
+        slices = tuple(sorted(slices))
+        all_devices = self._cluster.slice_devices()
+        with self._clock.measure("remesh" if self.current is not None else "startup"):
+            mesh = make_mesh(self._hooks, self._view, [all_devices[i] for i in slices])
+        batch_size, lr_scale = self._batch_for(mesh, slices, plan)
+        with self._clock.measure("compile"):
+            compiled, shardings, compile_info = self._steps.get(mesh, batch_size)
+        self.current = Layout(slices, mesh, batch_size, lr_scale, compiled, shardings, **compile_info)
+        return self.current
+
+    def compile_likely(self, layout: Layout) -> None:
+        """Start compiling, in the background, the layouts plugins expect next (``et_likely_layouts``)."""
+        all_devices = self._cluster.slice_devices()
+        for slices in (s for layouts in self._hooks.et_likely_layouts(trainer=self._view) for s in layouts):
+            mesh = make_mesh(self._hooks, self._view, [all_devices[i] for i in sorted(slices)])
+            local = any(device.process_index == jax.process_index() for device in mesh.devices.flat)
+            if mesh.size and layout.batch_size % mesh.size == 0 and local:  # a mesh without us is not ours to run
+                self._steps.compile_ahead(mesh, layout.batch_size)
+
+    def maybe_resize(self, state: LoopState) -> LoopState:
+        """Ask plugins whether to change slices at this step boundary (``et_propose_resize``); move the state if so."""
+        layout = state.layout
+        healthy = self._hooks.et_slice_health(trainer=self._view)
+        target = self._hooks.et_propose_resize(trainer=self._view, healthy_slices=list(healthy))
+        if target is None or tuple(sorted(target)) == layout.slices:
+            return dataclasses.replace(state, at_boundary=False)
+        begin = time.time()
+        new = self.make(target)
+        with self._clock.measure("remesh"):
+            positions = list(range(len(layout.slices)))
+            arrays = jax.device_put(keep_slices(state.arrays, layout.mesh, positions), new.shardings)
+            jax.block_until_ready(arrays)
+        self.record_resize(state.step, layout, new, reason="scale_up", seconds=time.time() - begin)
+        return dataclasses.replace(state, arrays=arrays, layout=new, at_boundary=False)
+
+    def record_resize(self, step: int, old: Layout, new: Layout, *, reason: str, seconds: float) -> None:
+        """Add a resize record when ``new`` uses other slices than ``old``."""
+        if old.slices != new.slices:
+            self.resizes.append(ResizeRecord(
+                step=step, at=time.time(), reason=reason, slices_before=len(old.slices), slices=new.slices,
+                seconds=seconds, compile_s=new.compile_s, compile_cached=new.compile_cached,
+            ))
+
+    def _batch_for(self, mesh: Mesh, slices: tuple[int, ...], plan: RecoveryPlan | None) -> tuple[int, float]:
+        """The global batch and learning-rate scale on ``mesh`` under ``plan``'s batch policy."""
+        batch_size, lr_scale = self._global_batch_size, 1.0
+        if plan is not None and not plan.keep_global_batch:
+            full_devices = len(self._cluster.slice_devices()) * mesh.shape[DEVICE_AXIS]
+            batch_size = self._global_batch_size * mesh.size // full_devices
+            ratio = batch_size / self._global_batch_size
+            lr_scale = {"linear": ratio, "sqrt": math.sqrt(ratio), "none": 1.0}[plan.lr_scaling]
+        if batch_size < 1 or batch_size % mesh.size:
+            raise ConfigError(
+                f"trainer.global_batch_size ({batch_size}) must be divisible by the {mesh.size} devices of "
+                f"slices {list(slices)}, and by every device count the run may scale to."
+            )
+        return batch_size, lr_scale

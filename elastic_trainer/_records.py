@@ -1,0 +1,224 @@
+"""Typed records of a run: its layout, the loop's state, and what the report says of failures and resizes.
+
+Records are frozen: a change makes a new record (``dataclasses.replace``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Any
+
+import jax
+import numpy as np
+from jax.sharding import Mesh
+from jaxtyping import PyTree
+
+from ._goodput import GoodputClock
+from ._ledger import SampleLedger
+
+
+@dataclasses.dataclass(frozen=True)
+class Layout:
+    """The slices in use, their mesh, the global batch and the step compiled for them.
+
+    :param compile_s: seconds spent getting ``compiled`` (compiling, or
+        waiting for a compile started ahead).
+    :param compile_cached: whether that compile already existed or was under way.
+    """
+
+    slices: tuple[int, ...]
+    mesh: Mesh
+    batch_size: int
+    lr_scale: float
+    compiled: Any
+    shardings: PyTree
+    compile_s: float
+    compile_cached: bool
+
+
+@dataclasses.dataclass(frozen=True)
+class PendingRecovery:
+    """A recovery whose time is known once the next productive step ends.
+
+    :param failure: the index of its failure in the run's :class:`FailureLog`.
+    :param failed_at: when the failure was raised (``time.time()``).
+    """
+
+    failure: int
+    failed_at: float
+
+
+@dataclasses.dataclass(frozen=True)
+class LoopState:
+    """Where the step loop is: the state of the last committed step and what it runs on.
+
+    :param arrays: the train state's arrays, on ``layout``.
+    :param step: steps completed (``arrays.step``, kept on the host).
+    :param position: samples consumed (``arrays.data_position``, kept on the host).
+    :param incarnations: the cluster's :meth:`~AbstractCluster.incarnations` as of ``arrays``.
+    :param whole: ``False`` while ``arrays`` hold no trained state yet (a run to resume).
+    :param save_due: ``step`` is committed and is to be saved before the next step.
+    :param at_boundary: between two steps, the previous one committed (and saved if due):
+        where the slices in use may change.
+    :param pending: the recovery that ends with the next productive step, if any.
+    """
+
+    arrays: PyTree
+    layout: Layout
+    step: int
+    position: int
+    incarnations: tuple[int, ...]
+    whole: bool = True
+    save_due: bool = False
+    at_boundary: bool = False
+    pending: PendingRecovery | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class FailureRecord:
+    """One failure, as ``report["failures"]`` lists it (see the README's "Run report").
+
+    Filled in as the recovery goes: detection first, then the strategy's
+    action and wait, the new layout's compile and re-mesh, the restore, and
+    ``recovery_s`` once the first productive step after it has ended.
+    Optional parts that did not happen (``fell_back_from``, ``regrouped``,
+    the compile and restore of a recovery that stopped) are left out of
+    :meth:`to_json`.
+    """
+
+    step: int
+    phase: str
+    slices: tuple[int, ...]
+    kind: str
+    slices_before: int
+    failed_at: float
+    detection_s: float
+    action: str = "stop"
+    slices_after: int | None = None
+    restored_from: str = "none"
+    lost_steps: int = 0
+    recovery_s: float = 0.0
+    waiting_s: float | None = None
+    fell_back_from: tuple[str, ...] | None = None
+    regrouped: bool | None = None
+    compile_s: float | None = None
+    compile_cached: bool | None = None
+    remesh_s: float | None = None
+    restore_s: float | None = None
+
+    _REPORT_ORDER = (
+        "step", "phase", "slice", "slices", "kind", "action", "slices_before", "slices_after", "restored_from",
+        "lost_steps", "recovery_s", "failed_at", "detection_s", "waiting_s", "fell_back_from", "regrouped",
+        "compile_s", "compile_cached", "remesh_s", "restore_s",
+    )
+
+    def to_json(self) -> dict[str, Any]:
+        """The report's entry: every field in the report's order, ``slice`` the first lost slice."""
+        fields = {
+            **dataclasses.asdict(self),
+            "slice": self.slices[0] if self.slices else None,
+            "slices": list(self.slices),
+            "slices_after": self.slices_before if self.slices_after is None else self.slices_after,
+            "fell_back_from": None if self.fell_back_from is None else list(self.fell_back_from),
+        }
+        optional = ("waiting_s", "fell_back_from", "regrouped", "compile_s", "compile_cached", "remesh_s", "restore_s")
+        return {k: fields[k] for k in self._REPORT_ORDER if not (k in optional and fields[k] is None)}
+
+
+@dataclasses.dataclass(frozen=True)
+class ResizeRecord:
+    """A change of the slices in use, as ``report["resizes"]`` lists it.
+
+    :param at: when it was done (``time.time()``).
+    :param reason: ``"failure"`` or ``"scale_up"``.
+    :param seconds: the time it took (re-mesh, compile and state transfer).
+    """
+
+    step: int
+    at: float
+    reason: str
+    slices_before: int
+    slices: tuple[int, ...]
+    seconds: float
+    compile_s: float
+    compile_cached: bool
+
+    def to_json(self) -> dict[str, Any]:
+        """The report's entry."""
+        return {
+            "step": self.step, "at": self.at, "reason": self.reason, "slices_before": self.slices_before,
+            "slices_after": len(self.slices), "slices": list(self.slices), "seconds": self.seconds,
+            "compile_s": self.compile_s, "compile_cached": self.compile_cached,
+        }
+
+
+class FailureLog:
+    """The run's failures in order; an entry changes only by being replaced with a new record."""
+
+    def __init__(self) -> None:
+        self._records: list[FailureRecord] = []
+
+    def add(self, record: FailureRecord) -> int:
+        """Append ``record``; its index."""
+        self._records.append(record)
+        return len(self._records) - 1
+
+    def amend(self, index: int, **changes: Any) -> FailureRecord:
+        """Replace entry ``index`` by a copy with ``changes``; the new record."""
+        self._records[index] = dataclasses.replace(self._records[index], **changes)
+        return self._records[index]
+
+    def __getitem__(self, index: int) -> FailureRecord:
+        return self._records[index]
+
+    def __len__(self) -> int:
+        return len(self._records)
+
+    def to_json(self) -> list[dict[str, Any]]:
+        """The report's ``failures``."""
+        return [record.to_json() for record in self._records]
+
+
+class StepHistory:
+    """The committed steps: their samples, losses and times, rolled back together.
+
+    :param ledger: the samples of the committed steps.
+    """
+
+    def __init__(self, ledger: SampleLedger):
+        self.ledger = ledger
+        self.losses: dict[int, jax.Array] = {}
+        self.seconds: dict[int, float] = {}
+        """Each committed step's wall time, by step."""
+        self.resumed_from: int | None = None
+        """The checkpoint step a resumed run continued from."""
+        self.first_step_ended_at: float | None = None
+        """When this process's first step ended (``time.time()``)."""
+        self.badput_before_first_step_s: dict[str, float] | None = None
+        """The badput booked until then, by category."""
+
+    def note_first_step(self, clock: GoodputClock) -> None:
+        """After each committed step: the first one's end and the badput before it are noted once."""
+        if self.first_step_ended_at is None:
+            self.first_step_ended_at, self.badput_before_first_step_s = time.time(), dict(clock.badput_s)
+
+    def start_at(self, position: int) -> None:
+        """Count samples from data position ``position`` (where a resumed run continues); forget every step."""
+        self.ledger = SampleLedger(self.ledger.num_samples, seed=self.ledger.seed, start_position=position)
+        self.losses, self.seconds = {}, {}
+
+    def commit(self, step: int, ids: np.ndarray, loss: jax.Array) -> None:
+        """Record step ``step`` (0-based): its samples and its loss (left on the device)."""
+        self.ledger.commit(step, ids)
+        self.losses[step] = loss
+
+    def roll_back(self, to_step: int) -> float:
+        """Forget the steps from ``to_step`` on; the seconds they took."""
+        self.ledger.roll_back(to_step)
+        self.losses = {s: loss for s, loss in self.losses.items() if s < to_step}
+        return sum(self.seconds.pop(s) for s in [s for s in self.seconds if s >= to_step])
+
+    def ordered_losses(self) -> list[float]:
+        """The committed steps' losses, in step order."""
+        return [float(loss) for _, loss in sorted(jax.device_get(self.losses).items())]

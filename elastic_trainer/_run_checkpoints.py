@@ -1,0 +1,174 @@
+"""A run's checkpoints: saving with the cluster checked, discarding interrupted saves, regrouping, restoring."""
+
+from __future__ import annotations
+
+import time
+import warnings
+from collections.abc import Sequence
+from typing import Any
+
+import equinox as eqx
+import jax
+from jaxtyping import PyTree
+
+from ._checkpoint import Checkpointer
+from ._cluster import AbstractCluster
+from ._failures import CheckpointWarning, ConfigError, SliceLostError
+from ._goodput import GoodputClock
+from ._records import LoopState
+
+
+def refuse_to_overwrite(checkpointer: Checkpointer) -> None:
+    """Raise :class:`ConfigError` when the directory of a run that does not resume holds an earlier run's checkpoints."""
+    latest = checkpointer.latest_step()
+    if latest is not None:
+        raise ConfigError(
+            f"{checkpointer.directory} already holds checkpoints (newest: step {latest}); continue that "
+            "run with checkpoint.resume=true, or choose another checkpoint.dir."
+        )
+
+
+class NoReadableCheckpoint(Exception):
+    """No checkpoint of the directory could be read; ``unreadable`` names those skipped, in words."""
+
+    def __init__(self, skipped: list[tuple[int, str]]):
+        super().__init__("no readable checkpoint")
+        self.unreadable = f" (unreadable: {', '.join(f'step {s} ({why})' for s, why in skipped)})" if skipped else ""
+
+
+class RunCheckpoints:
+    """What a training run does with its :class:`Checkpointer`.
+
+    A save that a lost slice interrupts is discarded, never committed; once
+    processes are lost the live ones regroup to save without the dead; a
+    restore (resume or recovery alike) takes the newest readable checkpoint
+    of the same data order.
+
+    :param checkpointer: where the checkpoints go.
+    :param cluster: checked after each save (a slice lost meanwhile makes it void).
+    :param hooks: the plugins' hooks; :param view: what they receive as ``trainer``.
+    :param clock: the run's clock (its start dates the saves for ``period="auto"``).
+    :param static: the train state's non-array part, for ``et_after_restore``.
+    :param data_order: what fixes the sample order (``seed``, ``num_samples``), checked on restore.
+    :param run_metadata: more fields for each checkpoint's metadata.
+    """
+
+    def __init__(
+        self, checkpointer: Checkpointer, *, cluster: AbstractCluster, hooks: Any, view: object,
+        clock: GoodputClock, static: PyTree, data_order: dict[str, int], run_metadata: dict[str, Any],
+    ):
+        self.checkpointer = checkpointer
+        self._cluster = cluster
+        self._hooks = hooks
+        self._view = view
+        self._clock = clock
+        self._static = static
+        self._data_order = data_order
+        self._run_metadata = run_metadata
+
+    def due(self, step: int, *, last_step: int) -> bool:
+        """Whether to save after ``step``: at the checkpointer's period, and always at the last step."""
+        return self.checkpointer.due(step) or step == last_step
+
+    def save(self, state: LoopState, *, step_times_s: list[float], failures: int) -> None:
+        """Save ``state``; if a slice is lost meanwhile, the save is discarded and the failure raised."""
+        began = time.time()
+        step, slices = state.step, state.layout.slices
+        self._hooks.et_before_checkpoint_save(trainer=self._view, step=step)
+        metadata = {
+            "step": step, "data_position": state.position, **self._data_order, **self._run_metadata,
+            "slices": list(slices), "mesh": dict(state.layout.mesh.shape),
+        }
+        try:
+            self.checkpointer.save(step, state.arrays, metadata)
+        except Exception:
+            try:
+                self._cluster.check_step(slices, since=state.incarnations)  # a lost slice explains the failure
+            finally:
+                self.discard(step, slices=slices, since=state.incarnations)
+            raise
+        try:
+            self._cluster.check_step(slices, since=state.incarnations)  # a slice lost meanwhile voids the save
+        except Exception:
+            self.discard(step, slices=slices, since=state.incarnations)
+            raise
+        self.checkpointer.saved(
+            step, blocked_s=time.time() - began, step_times_s=step_times_s,
+            elapsed_s=time.time() - self._clock.started_at, failures=failures,
+        )
+        self._hooks.et_after_checkpoint_save(trainer=self._view, step=step, directory=str(self.checkpointer.directory))
+
+    def discard(self, step: int, *, slices: Sequence[int], since: tuple[int, ...]) -> None:
+        """Make sure the save of ``step``, interrupted by a failure, never becomes a checkpoint."""
+        self.regroup(slices=slices, since=since)
+        self.checkpointer.discard(step)
+
+    def regroup(self, *, slices: Sequence[int], since: tuple[int, ...]) -> None:
+        """Once processes are lost, save over the live ones only (the cluster's :meth:`live_processes`).
+
+        A cluster of one process never regroups, even when every slice is lost.
+        A process that dies while the survivors form the group fails it (after
+        the group's timeout); the processes then agree again on who lives, and
+        that new loss is raised, to be recovered from like any other (the
+        recovery regroups anew). Any other failure to form the group stands.
+        """
+        live = self._cluster.live_processes()
+        if live is None:
+            return
+        try:
+            self.checkpointer.regroup(live)
+        except Exception as error:
+            try:
+                self._cluster.check_step(slices, since=since)
+            except SliceLostError as lost:
+                if self._cluster.live_processes() < live:
+                    raise lost from error
+            raise
+
+    def restore_newest(self, like: PyTree, *, slices: Sequence[int], since: tuple[int, ...]) -> tuple[PyTree, int]:
+        """Restore the newest readable checkpoint onto ``like``'s shardings: the arrays and their step.
+
+        Unreadable ones (truncated, corrupt) are skipped, and named in a
+        warning once an older one was read; their files are left as they
+        are. Raises :class:`NoReadableCheckpoint` when none is readable (the
+        caller says what that means), :class:`ConfigError` for a checkpoint
+        of another model or data order, and what the cluster raises when a
+        slice of ``slices`` was lost meanwhile.
+        """
+        skipped = []
+        for step in self.checkpointer.steps_newest_first():
+            self._hooks.et_before_restore(trainer=self._view, step=step, source="checkpoint")
+            try:
+                arrays, metadata = self.checkpointer.restore(step, like=like)
+            except ConfigError:
+                raise  # another model's checkpoint: the wrong directory or model, not damage
+            except Exception as error:  # noqa: BLE001 - a truncated or corrupt checkpoint: try the one before
+                self.checkpointer.mark_unreadable(step)
+                skipped.append((step, type(error).__name__))
+                continue
+            self._check_same_data(step, metadata)
+            jax.block_until_ready(arrays)
+            for bad_step, why in skipped:
+                warnings.warn(
+                    f"the checkpoint of step {bad_step} in {self.checkpointer.directory} is unreadable "
+                    f"({why}); skipping it for the one before.",
+                    CheckpointWarning,
+                    stacklevel=2,
+                )
+            self._cluster.check_step(slices, since=since)
+            self._hooks.et_after_restore(
+                trainer=self._view, step=step, source="checkpoint", state=eqx.combine(arrays, self._static)
+            )
+            return arrays, step
+        raise NoReadableCheckpoint(skipped)
+
+    def _check_same_data(self, step: int, metadata: dict[str, Any]) -> None:
+        """Raise :class:`ConfigError` when the checkpoint was trained on another sample order than this run's."""
+        for name, ours in self._data_order.items():
+            theirs = metadata.get(name, ours)  # older checkpoints lack num_samples
+            if theirs != ours:
+                raise ConfigError(
+                    f"the checkpoint of step {step} in {self.checkpointer.directory} was trained with {name}={theirs} "
+                    f"and this run has {name}={ours}, which changes the order of the samples; resume with the same "
+                    "seed and data, or choose another checkpoint.dir."
+                )

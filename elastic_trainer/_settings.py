@@ -1,0 +1,60 @@
+"""The value checks of the trainer's and the multi-process cluster's settings, written once.
+
+The constructors (``Trainer``, ``MultiprocessCluster``) and their config
+schemas (``TrainerConfig``, ``MultiprocessClusterConfig``) both call these:
+the schema so that a bad value stops the command line before anything starts,
+the constructor for code that builds the objects itself.
+"""
+
+from __future__ import annotations
+
+from ._failures import ConfigError, check_at_least
+
+
+def check_trainer_settings(
+    *, steps: int, global_batch_size: int, snapshot_period: int, step_timeout_s: float, within_slice: str
+) -> None:
+    """Raise :class:`ConfigError` with one sentence for any bad ``trainer.*`` value."""
+    check_at_least("trainer.steps", steps, 1)
+    check_at_least("trainer.global_batch_size", global_batch_size, 1)
+    check_at_least("trainer.snapshot_period", snapshot_period, 0)
+    check_at_least("trainer.step_timeout_s", step_timeout_s, 0)
+    if within_slice not in ("replicated", "sharded"):
+        raise ConfigError(f"trainer.within_slice must be 'replicated' or 'sharded', got {within_slice!r}.")
+
+
+def check_multiprocess_settings(
+    *,
+    num_processes: int,
+    devices_per_process: int | None,
+    processes_per_slice: int,
+    heartbeat_timeout_s: int,
+    collective_timeout_s: int,
+    initialization_timeout_s: int,
+    platform: str | None,
+    launcher: str,
+) -> None:
+    """Raise :class:`ConfigError` with one sentence for any bad ``cluster.*`` value of ``cluster=multiprocess``."""
+    check_at_least("cluster.num_processes", num_processes, 1)
+    if devices_per_process is not None:
+        check_at_least("cluster.devices_per_process", devices_per_process, 1)
+    check_at_least("cluster.processes_per_slice", processes_per_slice, 1)
+    if num_processes % processes_per_slice:
+        raise ConfigError(
+            f"cluster.processes_per_slice ({processes_per_slice}) must divide "
+            f"cluster.num_processes ({num_processes}); a slice is that many whole processes."
+        )
+    # whole seconds: JAX's and XLA's own units
+    check_at_least("cluster.heartbeat_timeout_s", heartbeat_timeout_s, 1)
+    check_at_least("cluster.collective_timeout_s", collective_timeout_s, 1)
+    check_at_least("cluster.initialization_timeout_s", initialization_timeout_s, 1)
+    if platform not in ("cpu", None):
+        raise ConfigError(
+            f"cluster.platform must be 'cpu' (gloo collectives between processes on CPU) or null "
+            f"(JAX's default platform and its collectives), got {platform!r}."
+        )
+    if launcher not in ("local", "none"):
+        raise ConfigError(
+            f"cluster.launcher must be 'local' (the command starts the processes here) or 'none' "
+            f"(a scheduler started them), got {launcher!r}."
+        )
