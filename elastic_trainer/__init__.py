@@ -5,14 +5,14 @@ do, and training continues at the exact step and data position.
 """
 
 from ._checkpoint import Checkpointer as Checkpointer
-from ._cluster import (
+from .clusters import (
     AbstractCluster as AbstractCluster,
     AbstractInjectableCluster as AbstractInjectableCluster,
+    MultiprocessCluster as MultiprocessCluster,
+    PathwaysCluster as PathwaysCluster,
     SimulatedCluster as SimulatedCluster,
 )
-from ._multiprocess import MultiprocessCluster as MultiprocessCluster
 from ._elastic_retry import ElasticRun as ElasticRun, elastic_retry as elastic_retry
-from ._pathways import PathwaysCluster as PathwaysCluster
 from ._data import AbstractDataset as AbstractDataset, StdlibText as StdlibText, sample_ids as sample_ids
 from ._failures import (
     CheckpointWarning as CheckpointWarning,

@@ -1,5 +1,5 @@
 """Entry point of ``python -m elastic_trainer``."""
 
-from ._cli import main
+from .launch._cli import main
 
 main()

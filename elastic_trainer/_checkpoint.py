@@ -14,7 +14,7 @@ import orbax.checkpoint as ocp
 from jaxtyping import PyTree
 
 from ._failures import CheckpointWarning, ConfigError, check_at_least
-from ._group_barrier import GroupBarrier, hide_given_up_saves
+from .clusters._group_barrier import GroupBarrier, hide_given_up_saves
 from ._period import YoungDalyPeriod
 
 UNREADABLE_SUFFIX = ".unreadable"

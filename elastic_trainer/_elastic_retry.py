@@ -14,7 +14,7 @@ from typing import Any, NoReturn, TypeVar
 
 from jax.sharding import Mesh
 
-from ._cluster import AbstractCluster
+from .clusters import AbstractCluster
 from ._failures import ConfigError, PluginError
 from ._goodput import GoodputClock
 from ._layouts import make_mesh

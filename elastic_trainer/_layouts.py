@@ -11,7 +11,7 @@ from typing import Any
 import jax
 from jax.sharding import Mesh
 
-from ._cluster import AbstractCluster
+from .clusters import AbstractCluster
 from ._failures import ConfigError, PluginError, RecoveryPlan
 from ._goodput import GoodputClock
 from ._mesh import DEVICE_AXIS, SLICE_AXIS, keep_slices

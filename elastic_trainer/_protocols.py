@@ -9,7 +9,7 @@ if TYPE_CHECKING:
     from jax.sharding import Mesh
 
     from ._checkpoint import Checkpointer
-    from ._cluster import AbstractCluster
+    from .clusters import AbstractCluster
     from ._ledger import SampleLedger
 
 

@@ -22,7 +22,7 @@ import jax
 import pluggy
 from jaxtyping import PyTree
 
-from ._cluster import AbstractCluster
+from .clusters import AbstractCluster
 from ._failures import ConfigError, Failure, PluginError, RecoveryPlan, RestartRequested, TrainingStopped
 from ._goodput import GoodputClock
 from ._layouts import Layouts
@@ -197,6 +197,8 @@ def survive(ctx: TrainingContext, error: Exception, state: LoopState, *, phase: 
             raise
         except Exception as again:  # noqa: BLE001 - classified like any other failure
             error, phase = again, "recovery"
+    if not state.whole:  # nothing was trained here yet (a resume): the run's samples count from the state restored
+        ctx.history.start_at(recovered.position)
     roll_back(ctx, recovered.step)
     return recovered
 

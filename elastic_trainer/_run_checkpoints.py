@@ -12,7 +12,7 @@ import jax
 from jaxtyping import PyTree
 
 from ._checkpoint import Checkpointer
-from ._cluster import AbstractCluster
+from .clusters import AbstractCluster
 from ._failures import CheckpointWarning, ConfigError, SliceLostError
 from ._goodput import GoodputClock
 from ._records import LoopState
@@ -130,7 +130,8 @@ class RunCheckpoints:
 
         Unreadable ones (truncated, corrupt) are skipped, and named in a
         warning once an older one was read; their files are left as they
-        are. Raises :class:`NoReadableCheckpoint` when none is readable (the
+        are. A read that fails because a slice was lost meanwhile is that
+        failure, not damage: the cluster raises it. Raises :class:`NoReadableCheckpoint` when none is readable (the
         caller says what that means), :class:`ConfigError` for a checkpoint
         of another model or data order, and what the cluster raises when a
         slice of ``slices`` was lost meanwhile.
@@ -143,6 +144,7 @@ class RunCheckpoints:
             except ConfigError:
                 raise  # another model's checkpoint: the wrong directory or model, not damage
             except Exception as error:  # noqa: BLE001 - a truncated or corrupt checkpoint: try the one before
+                self._cluster.check_step(slices, since=since)  # unless a slice lost meanwhile explains it
                 self.checkpointer.mark_unreadable(step)
                 skipped.append((step, type(error).__name__))
                 continue

@@ -6,7 +6,7 @@ import jax
 import numpy as np
 from jaxtyping import PyTree
 
-from ._cluster import AbstractCluster
+from .clusters import AbstractCluster
 from ._data import AbstractDataset
 from ._failures import SliceLostError, StepTimeoutError
 from ._mesh import batch_sharding

@@ -22,7 +22,7 @@ from jax.sharding import Mesh
 from jaxtyping import PyTree
 
 from ._checkpoint import Checkpointer
-from ._cluster import AbstractCluster, SimulatedCluster
+from .clusters import AbstractCluster, SimulatedCluster
 from ._data import AbstractDataset, sample_ids
 from ._failures import ConfigError, PluginError, RestartRequested, TrainingStopped
 from ._goodput import GoodputClock
@@ -34,13 +34,20 @@ from ._records import FailureLog, LoopState, StepHistory
 from ._report import run_report
 from ._recovery import TrainingContext, finish_recovery, survive
 from ._run_checkpoints import NoReadableCheckpoint, RunCheckpoints, refuse_to_overwrite
-from ._settings import check_trainer_settings
+from .config._settings import check_trainer_settings
 from ._snapshots import HostSnapshots
 from ._state import TrainState, init_train_state
 from ._step import LossFn, make_step_fn
 from ._step_cache import StepCache
 from ._step_runner import StepRunner
 from ._watchdog import Watchdog
+
+
+def _next_phase(state: LoopState) -> str:
+    """What the loop does next: restore a checkpoint until the state is whole, save a step that is due, or train."""
+    if not state.whole:
+        return "checkpoint_restore"
+    return "checkpoint_save" if state.save_due else "train_step"
 
 
 class FitResult(NamedTuple):
@@ -166,7 +173,7 @@ class Trainer:
             while not state.whole or state.save_due or state.step < self.steps:
                 if state.at_boundary and state.step < self.steps:
                     state = self._ctx.layouts.maybe_resize(state)
-                phase = "checkpoint_restore" if not state.whole else "checkpoint_save" if state.save_due else "train_step"
+                phase = _next_phase(state)
                 try:
                     state = phases[phase](state)
                 except (ConfigError, PluginError, TrainingStopped):

@@ -29,8 +29,9 @@ from test_cli import run_cli
 from test_config import compose_config
 
 import elastic_trainer as et
-from elastic_trainer._cli import EXIT_BAD_INPUT, check_group_choices, check_values
-from elastic_trainer._config import build_trainer, register_configs
+from elastic_trainer.launch._cli import EXIT_BAD_INPUT, check_group_choices, check_values
+from elastic_trainer.config._build import build_trainer
+from elastic_trainer.config._schemas import register_configs
 
 TINY = ["model.d_model=32", "model.num_heads=2", "model.num_layers=1", "data.max_bytes=200000", "trainer.steps=12"]
 

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from elastic_trainer._cli import check_group_choices
+from elastic_trainer.launch._cli import check_group_choices
 from elastic_trainer._failures import ConfigError
 
 REPORT_FIELDS = {

@@ -5,7 +5,8 @@ from hydra import compose, initialize_config_module
 from omegaconf import OmegaConf
 
 import elastic_trainer as et
-from elastic_trainer._config import Config, build_trainer, register_configs
+from elastic_trainer.config._build import build_trainer
+from elastic_trainer.config._schemas import Config, register_configs
 
 CONF_DIR = Path(__file__).parents[1] / "conf"
 # benchmark options are multirun sweeps that read Hydra's own config: tests/test_benchmark.py runs them

@@ -17,7 +17,7 @@ from hydra.utils import get_class
 from omegaconf import OmegaConf
 from test_config import CONF_DIR, compose_config
 
-from elastic_trainer._config import register_configs
+from elastic_trainer.config._schemas import register_configs
 from elastic_trainer_plugins.full_restart import FullRestart
 from elastic_trainer_plugins.pause_resume import PauseResume
 from elastic_trainer_plugins.scale_down import ScaleDown

@@ -11,7 +11,7 @@ from test_cli_recovery import TINY, failure_at, report_of
 
 import elastic_trainer as et
 from elastic_trainer import _plugins
-from elastic_trainer._cli import check_group_choices
+from elastic_trainer.launch._cli import check_group_choices
 
 DISTRIBUTION = "elastic-trainer-example-plugin"
 

@@ -53,10 +53,10 @@ from test_cli_recovery import report_of
 from test_config import compose_config
 
 import elastic_trainer as et
-from elastic_trainer._cli import EXIT_TRAINING_STOPPED
-from elastic_trainer._config import build_trainer
+from elastic_trainer.launch._cli import EXIT_TRAINING_STOPPED
+from elastic_trainer.config._build import build_trainer
 from elastic_trainer._report import merge_worker_reports
-from elastic_trainer._supervisor import RESTART_EXIT_CODE
+from elastic_trainer.launch._supervisor import RESTART_EXIT_CODE
 from elastic_trainer_plugins.chaos import Chaos
 from elastic_trainer_plugins.full_restart import FullRestart
 from elastic_trainer_plugins.pause_resume import PauseResume

@@ -7,7 +7,7 @@ import pytest
 
 import elastic_trainer as et
 from elastic_trainer import _plugins
-from elastic_trainer._cli import main
+from elastic_trainer.launch._cli import main
 
 
 def test_built_ins_are_registered_by_name():

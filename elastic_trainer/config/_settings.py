@@ -8,7 +8,7 @@ the constructor for code that builds the objects itself.
 
 from __future__ import annotations
 
-from ._failures import ConfigError, check_at_least
+from .._failures import ConfigError, check_at_least
 
 
 def check_trainer_settings(

@@ -1,8 +1,7 @@
-"""Clusters: where the devices come from and how they group into slices."""
+"""The simulated cluster: slices made of CPU devices in this process."""
 
 from __future__ import annotations
 
-import abc
 import time
 from collections.abc import Sequence
 
@@ -10,94 +9,8 @@ import jax
 import numpy as np
 from jaxtyping import PyTree
 
-from ._failures import ConfigError, SliceLostError, check_at_least
-
-
-class AbstractCluster(abc.ABC):
-    """A set of devices grouped into slices of equal size."""
-
-    kind: str
-
-    lost_slices_rejoin: bool = True
-    """Whether a lost slice can come back into the running job. If not, a
-    strategy that waits for lost slices re-forms the whole job instead: the
-    processes exit to be restarted together (see :class:`RecoveryPlan`)."""
-
-    @abc.abstractmethod
-    def configure_jax(self) -> None:
-        """Configure JAX for this cluster; call before JAX's backend starts."""
-
-    @abc.abstractmethod
-    def slice_devices(self) -> list[list[jax.Device]]:
-        """The devices of every slice, slice by slice."""
-
-    @abc.abstractmethod
-    def describe(self) -> dict:
-        """The cluster as the report's ``cluster`` field."""
-
-    @abc.abstractmethod
-    def healthy_slices(self) -> list[int]:
-        """Indices of the slices that are up now."""
-
-    def incarnations(self) -> tuple[int, ...]:
-        """How often each slice has failed so far.
-
-        Data placed on a slice before its count changed is gone, even if the
-        slice is healthy again. By default no slice has ever failed.
-        """
-        return (0,) * len(self.slice_devices())
-
-    def check_step(self, slices: Sequence[int], *, since: tuple[int, ...]) -> None:
-        """Raise what the hardware raises if a slice in ``slices`` was lost during the step.
-
-        ``since`` holds the :meth:`incarnations` as of the state the step
-        started from. Real runtimes raise from the step itself, so by default
-        this does nothing.
-        """
-
-    def step_dispatched(self) -> None:
-        """Called on the training thread each time a step has been dispatched; by default nothing."""
-
-    def explain_failure(
-        self, error: Exception, slices: Sequence[int], *, since: tuple[int, ...], pending: PyTree
-    ) -> None:
-        """A step on ``slices`` raised ``error``; raise a ``DATA_LOSS`` error instead if lost slices explain it.
-
-        Called on the training thread when a step's wait raised (a timeout
-        included); ``since`` is as for :meth:`check_step`, ``pending`` the
-        failed step's outputs. By default the error stands as it is.
-        """
-
-    def surviving(self, tree: PyTree, lost_slices: Sequence[int]) -> PyTree:
-        """What is left of ``tree`` once ``lost_slices`` are gone.
-
-        On real hardware the lost shards are already unreadable, so by default
-        ``tree`` comes back as it is.
-        """
-        return tree
-
-    def live_processes(self) -> frozenset[int] | None:
-        """The processes that hold a device of a healthy slice, which save checkpoints together.
-
-        ``None`` (the default) for a cluster driven by one process, whose
-        checkpoint group never changes, even when every slice is lost.
-        """
-        return None
-
-
-class AbstractInjectableCluster(AbstractCluster):
-    """A cluster whose slices can be lost on purpose: what failure injection (``+chaos=``) needs."""
-
-    spared_slices: tuple[int, ...] = ()
-    """Slices that random failure injection never picks (a slice whose loss would end the job)."""
-
-    @abc.abstractmethod
-    def fail_slice(self, index: int, *, down_for_s: float) -> None:
-        """Lose slice ``index`` now, as hardware loses it; it may come back after ``down_for_s`` seconds."""
-
-    @abc.abstractmethod
-    def hang_slice(self, index: int, *, down_for_s: float) -> None:
-        """Hang slice ``index`` now: a step that uses it does not finish for ``down_for_s`` seconds."""
+from .._failures import ConfigError, SliceLostError, check_at_least
+from ._base import AbstractInjectableCluster
 
 
 class SimulatedCluster(AbstractInjectableCluster):

@@ -22,10 +22,11 @@ from hydra.plugins.config_source import ConfigSource
 from omegaconf import DictConfig
 from omegaconf.errors import OmegaConfBaseException
 
-from ._config import build_strategy, build_trainer, check_config, omegaconf_message, register_configs
-from ._failures import ConfigError, PluginError, RestartRequested, TrainingStopped
-from ._protocols import restarts_process
-from ._plugins import DISABLE_AUTOLOAD_ENV, ENTRY_POINT_GROUP, LOAD_PLUGINS_ENV, describe_plugins, make_plugin_manager
+from ..config._build import build_strategy, build_trainer
+from ..config._schemas import check_config, omegaconf_message, register_configs
+from .._failures import ConfigError, PluginError, RestartRequested, TrainingStopped
+from .._protocols import restarts_process
+from .._plugins import DISABLE_AUTOLOAD_ENV, ENTRY_POINT_GROUP, LOAD_PLUGINS_ENV, describe_plugins, make_plugin_manager
 from ._launcher import launch
 from ._processes import Terminated, die_with_parent
 from ._supervisor import RESTART_EXIT_CODE, is_worker, supervise

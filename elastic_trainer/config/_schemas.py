@@ -8,10 +8,7 @@ import typing
 from pathlib import Path
 from typing import Any
 
-import jax
 from hydra.core.config_store import ConfigStore
-from hydra.errors import InstantiationException
-from hydra.utils import instantiate
 from omegaconf import MISSING, DictConfig, OmegaConf
 from omegaconf.errors import MissingMandatoryValue, OmegaConfBaseException
 
@@ -19,13 +16,12 @@ from elastic_trainer_plugins.full_restart import FullRestart
 from elastic_trainer_plugins.pause_resume import PauseResume
 from elastic_trainer_plugins.scale_down import ScaleDown
 
-from ._checkpoint import Checkpointer, check_period
-from ._data import StdlibText
-from ._failures import ConfigError, check_at_least
-from ._pathways import load_health_checker
-from ._period import check_mtbf
+from .._checkpoint import check_period
+from .._data import StdlibText
+from .._failures import ConfigError, check_at_least
+from ..clusters._pathways import load_health_checker
+from .._period import check_mtbf
 from ._settings import check_multiprocess_settings, check_trainer_settings
-from ._trainer import Trainer
 
 
 @dataclasses.dataclass
@@ -311,42 +307,6 @@ def register_configs() -> None:
         store.store(group=f"schema/{group}", name=name, node=node)
 
 
-def build_trainer(
-    cfg: DictConfig, *, run_dir: str | Path | None = None, started_at: float | None = None, strategy: object = None
-) -> Trainer:
-    """Validate ``cfg`` and build the trainer it describes; nothing runs yet.
-
-    ``strategy``, if given, is the one already built from ``cfg.strategy``.
-
-    Raises :class:`ConfigError` with one sentence for any bad value. The
-    cluster configures JAX before anything else touches a device.
-    """
-    check_config(cfg)
-    cluster = _instantiate(cfg, "cluster")
-    cluster.configure_jax()
-    if cfg.trainer.compilation_cache_dir:
-        jax.config.update("jax_compilation_cache_dir", str(cfg.trainer.compilation_cache_dir))
-    return Trainer(
-        checkpointer=_checkpointer(cfg.checkpoint, run_dir),
-        resume=cfg.checkpoint.resume,
-        model=_instantiate(cfg, "model", key=jax.random.fold_in(jax.random.key(cfg.seed), 0)),
-        loss_fn=_instantiate(cfg, "loss"),
-        optimizer=_instantiate(cfg, "optimizer"),
-        data=_instantiate(cfg, "data"),
-        cluster=cluster,
-        steps=cfg.trainer.steps,
-        global_batch_size=cfg.trainer.global_batch_size,
-        within_slice=cfg.trainer.within_slice,
-        snapshot_period=cfg.trainer.snapshot_period,
-        step_timeout_s=cfg.trainer.step_timeout_s,
-        strategy=strategy if strategy is not None else build_strategy(cfg),
-        plugins=[_instantiate(cfg, "chaos")] if cfg.chaos is not None else [],
-        seed=cfg.seed,
-        run_dir=run_dir,
-        started_at=started_at,
-    )
-
-
 def check_config(cfg: DictConfig) -> None:
     """Raise :class:`ConfigError` with one sentence for any value the schemas reject."""
     try:
@@ -362,34 +322,3 @@ def omegaconf_message(error: OmegaConfBaseException, key: str | None = None) -> 
         return f"{key} has no value; give it one."
     first = str(error.msg).splitlines()[0].rstrip(".")
     return f"{key}: {first[:1].lower()}{first[1:]}."
-
-
-def build_strategy(cfg: DictConfig) -> object | None:
-    """The strategy plugin ``cfg.strategy`` describes, or ``None``."""
-    return None if cfg.strategy is None else _instantiate(cfg, "strategy")
-
-
-def _checkpointer(cfg: DictConfig, run_dir: str | Path | None) -> Checkpointer | None:
-    directory = cfg.dir or (run_dir and Path(run_dir) / "checkpoints")
-    if not cfg.enabled or not directory:
-        return None
-    return Checkpointer(
-        directory, period=cfg.period, max_to_keep=cfg.max_to_keep, async_save=cfg.async_save, mtbf_s=cfg.mtbf_s
-    )
-
-
-def _instantiate(cfg: DictConfig, section: str, **kwargs: Any) -> Any:
-    try:
-        return instantiate(cfg[section], **kwargs)
-    except InstantiationException as error:
-        cause = error.__cause__
-        if isinstance(cause, ConfigError):
-            raise cause from None
-        root = error  # the first error in the chain, in one line: Hydra's own messages run over several
-        while root.__cause__ is not None:
-            root = root.__cause__
-        detail = (str(root).splitlines() or [""])[0].rstrip(".")
-        raise ConfigError(
-            f"could not build {section} from its config ({cfg[section].get('_target_')}): "
-            f"{type(root).__name__}: {detail}."
-        ) from error

@@ -17,10 +17,10 @@ from jax._src import xla_bridge
 from jax.experimental.multihost_utils import ProcessFailureError, live_devices
 from jaxtyping import PyTree
 
-from ._cluster import AbstractInjectableCluster
-from ._failures import ConfigError, SliceLostError, StepTimeoutError
+from ._base import AbstractInjectableCluster
+from .._failures import ConfigError, SliceLostError, StepTimeoutError
 from ._group_barrier import coordination_client
-from ._settings import check_multiprocess_settings
+from ..config._settings import check_multiprocess_settings
 
 PROCESS_ID_ENV = "ELASTIC_TRAINER_PROCESS_ID"
 """Set by the local launcher to a worker's process id; unset, JAX detects it (Slurm, Kubernetes, Cloud TPU)."""

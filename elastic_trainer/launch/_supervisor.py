@@ -14,7 +14,7 @@ import numpy as np
 from rich.console import Console
 
 from ._processes import POLL_S, ProcessGroup, terminate_on_sigterm
-from ._report import merge_worker_reports, report_events, summary_table, write_report
+from .._report import merge_worker_reports, report_events, summary_table, write_report
 
 EVENTS = "events.jsonl"
 

@@ -8,9 +8,9 @@ from typing import Any
 
 import jax
 
-from ._cluster import AbstractCluster
-from ._failures import ConfigError, Failure
-from .hookspecs import hookimpl
+from ._base import AbstractCluster
+from .._failures import ConfigError, Failure
+from ..hookspecs import hookimpl
 
 
 def _pathwaysutils_elastic() -> Any:

@@ -10,7 +10,7 @@ import sys
 import time
 from pathlib import Path
 
-from ._multiprocess import COORDINATOR_ENV, PROCESS_ID_ENV
+from ..clusters._multiprocess import COORDINATOR_ENV, PROCESS_ID_ENV
 from ._processes import POLL_S, ProcessGroup, terminate_on_sigterm
 from ._supervisor import EVENTS, RESTART_EXIT_CODE, WORKER_ENV, restart_until_done, worker_file
 

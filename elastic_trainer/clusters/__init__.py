@@ -1,0 +1,6 @@
+"""Clusters: where the devices come from, how they group into slices, and how slices are lost."""
+
+from ._base import AbstractCluster as AbstractCluster, AbstractInjectableCluster as AbstractInjectableCluster
+from ._multiprocess import MultiprocessCluster as MultiprocessCluster
+from ._pathways import PathwaysCluster as PathwaysCluster
+from ._simulated import SimulatedCluster as SimulatedCluster
