@@ -26,8 +26,9 @@ os.environ.setdefault("ELASTIC_TRAINER_DISABLE_PLUGIN_AUTOLOAD", "1")
 
 from hydra import compose, initialize_config_module  # noqa: E402
 
-from elastic_trainer._cli import CONFIG_MODULE  # noqa: E402
-from elastic_trainer._config import build_trainer, register_configs  # noqa: E402
+from elastic_trainer.launch._cli import CONFIG_MODULE  # noqa: E402
+from elastic_trainer.config._build import build_trainer  # noqa: E402
+from elastic_trainer.config._schemas import register_configs  # noqa: E402
 
 
 def run(overrides: list[str], *, checkpoints: bool) -> dict:
