@@ -24,11 +24,11 @@ class StepCache:
 
     :param step_fn: the pure step (see :func:`make_step_fn`).
     :param arrays: the state's arrays, or abstract ones: shapes and dtypes.
-    :param sample: one sample batch from the dataset, for the batch's shape and dtype.
+    :param sample: a batch of one sample from the dataset (an array or a pytree of them), for the shapes and dtypes.
     :param within_slice: the state's layout within a slice.
     """
 
-    def __init__(self, step_fn: StepFn, arrays: PyTree, sample: np.ndarray, *, within_slice: WithinSlice):
+    def __init__(self, step_fn: StepFn, arrays: PyTree, sample: PyTree, *, within_slice: WithinSlice):
         self._step_fn = step_fn
         self._abstract = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), arrays)
         self._sample = sample
@@ -71,8 +71,9 @@ class StepCache:
 
     def _compile(self, mesh: Mesh, batch_size: int) -> tuple[Any, PyTree, float]:
         begin = time.time()
-        batch = jax.ShapeDtypeStruct(
-            (batch_size, *self._sample.shape[1:]), self._sample.dtype, sharding=batch_sharding(mesh)
+        batch = jax.tree.map(
+            lambda leaf: jax.ShapeDtypeStruct((batch_size, *leaf.shape[1:]), leaf.dtype, sharding=batch_sharding(mesh)),
+            self._sample,
         )
         compiled, shardings = compile_step(self._step_fn, self._abstract, batch, mesh, within_slice=self._within_slice)
         return compiled, shardings, time.time() - begin

@@ -20,15 +20,14 @@ class StepRunner:
     :param cluster: checked at the end of the step (a slice lost during it raises).
     :param data: where the samples come from.
     :param watchdog: ends a wait that hangs.
-    :param sample_shape: the shape of one sample.
+    :param sample: a batch of one sample (an array or a pytree of them), for the batch's structure and shapes.
     """
 
-    def __init__(self, cluster: AbstractCluster, data: AbstractDataset, watchdog: Watchdog,
-                 sample_shape: tuple[int, ...]):
+    def __init__(self, cluster: AbstractCluster, data: AbstractDataset, watchdog: Watchdog, sample: PyTree):
         self._cluster = cluster
         self._data = data
         self._watchdog = watchdog
-        self._sample_shape = sample_shape
+        self._leaves, self._structure = jax.tree.flatten(sample)
 
     def run(self, layout: Layout, arrays: PyTree, ids: np.ndarray, *, since: tuple[int, ...]) -> tuple[PyTree, dict]:
         """Run one step on ``layout`` over samples ``ids``, to completion; the new arrays and the metrics.
@@ -40,9 +39,7 @@ class StepRunner:
         before it is known to be whole. ``since`` is the cluster's
         incarnations as of ``arrays``.
         """
-        batch = jax.make_array_from_callback(  # each process reads only the samples of its own devices' shards
-            (len(ids), *self._sample_shape), batch_sharding(layout.mesh), lambda index: self._data.get_batch(ids[index[0]])
-        )
+        batch = self._batch(layout, ids)
         new_arrays, metrics = layout.compiled(arrays, batch, np.float32(layout.lr_scale))
         self._cluster.step_dispatched()
 
@@ -57,3 +54,20 @@ class StepRunner:
                 self._cluster.explain_failure(error, layout.slices, since=since, pending=new_arrays)
             raise
         return new_arrays, metrics
+
+    def _batch(self, layout: Layout, ids: np.ndarray) -> PyTree:
+        """The samples ``ids`` split over ``layout``'s devices: each process reads only its own devices' rows,
+        once per shard for all the batch's leaves."""
+        sharding, fetched = batch_sharding(layout.mesh), {}
+
+        def rows(index: tuple[slice, ...]) -> list[np.ndarray]:
+            key = index[0].indices(len(ids))
+            if key not in fetched:
+                fetched[key] = [np.asarray(leaf) for leaf in self._structure.flatten_up_to(self._data.get_batch(ids[index[0]]))]
+            return fetched[key]
+
+        leaves = [
+            jax.make_array_from_callback((len(ids), *leaf.shape[1:]), sharding, lambda index, i=i: rows(index)[i])
+            for i, leaf in enumerate(self._leaves)
+        ]
+        return self._structure.unflatten(leaves)

@@ -37,7 +37,7 @@ from ._run_checkpoints import NoReadableCheckpoint, RunCheckpoints, refuse_to_ov
 from .config._settings import check_trainer_settings
 from ._snapshots import HostSnapshots
 from ._state import TrainState, init_train_state
-from ._step import LossFn, make_step_fn
+from ._step import LossFn, check_fits, make_step_fn
 from ._step_cache import StepCache
 from ._step_runner import StepRunner
 from ._watchdog import Watchdog
@@ -197,9 +197,10 @@ class Trainer:
         self.hook.et_run_start(trainer=self, state=state)
         with clock.measure("startup"):
             arrays, static = eqx.partition(state, eqx.is_array)
-            sample = np.asarray(self.data.get_batch(np.zeros(1, dtype=np.int64)))
-            step_cache = StepCache(make_step_fn(self.loss_fn, self.optimizer, static), arrays, sample,
-                                   within_slice=self.within_slice)
+            sample = jax.tree.map(np.asarray, self.data.get_batch(np.zeros(1, dtype=np.int64)))
+            step_fn = make_step_fn(self.loss_fn, self.optimizer, static)
+            check_fits(step_fn, arrays, sample)
+            step_cache = StepCache(step_fn, arrays, sample, within_slice=self.within_slice)
         self._ctx = ctx = TrainingContext(
             cluster=self.cluster, hooks=self.hook, plugin_manager=self.plugin_manager, view=self, clock=clock,
             failures=self._failures, layouts=Layouts(cluster=self.cluster, hooks=self.hook, view=self, clock=clock,
@@ -207,7 +208,7 @@ class Trainer:
             checkpoints=self._run_checkpoints(clock, static), snapshots=HostSnapshots(self.snapshot_period),
             history=StepHistory(SampleLedger(self.data.num_samples, seed=self.seed, start_position=0)),
             abstract=jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), arrays), static=static,
-            step_cache=step_cache, runner=StepRunner(self.cluster, self.data, self._watchdog, sample.shape[1:]),
+            step_cache=step_cache, runner=StepRunner(self.cluster, self.data, self._watchdog, sample),
         )
         incarnations = self.cluster.incarnations()  # as of the state in hand
         layout = ctx.layouts.make(range(len(self.cluster.slice_devices())))
