@@ -9,7 +9,8 @@ from pathlib import Path
 
 import numpy as np
 
-from ._failures import ConfigError, check_at_least
+from ._failures import ConfigError
+from .config._settings import check_stdlib_text_settings
 
 
 class AbstractDataset(abc.ABC):
@@ -59,7 +60,7 @@ class StdlibText(AbstractDataset):
     vocab_size = 256
 
     def __init__(self, seq_len: int = 64, max_bytes: int = 4_000_000):
-        check_at_least("data.seq_len", seq_len, 1)
+        check_stdlib_text_settings(seq_len=seq_len)
         text = self._read_stdlib(max_bytes)
         window = seq_len + 1
         self.num_samples = len(text) // window

@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import optax
 from jaxtyping import Array, Float, Int, PRNGKeyArray
 
-from ._failures import ConfigError
+from .config._settings import check_transformer_settings
 
 
 class _Block(eqx.Module):
@@ -62,8 +62,8 @@ class Transformer(eqx.Module):
         *,
         key: PRNGKeyArray,
     ):
-        if d_model % num_heads:
-            raise ConfigError(f"model.num_heads ({num_heads}) must divide model.d_model ({d_model}).")
+        check_transformer_settings(vocab_size=vocab_size, seq_len=seq_len, d_model=d_model, num_heads=num_heads,
+                                   num_layers=num_layers, mlp_ratio=mlp_ratio)
         embed_key, pos_key, head_key, *block_keys = jax.random.split(key, 3 + num_layers)
         self.token_embedding = eqx.nn.Embedding(vocab_size, d_model, key=embed_key)
         self.position_embedding = 0.02 * jax.random.normal(pos_key, (seq_len, d_model))

@@ -42,6 +42,19 @@ class ScheduledFailure:
             raise et.ConfigError(f"chaos failure phase must be one of {PHASES}, got {self.phase!r}.")
 
 
+def check_chaos_settings(
+    *, mean_steps_between_failures: float, random_down_for_s: float, seed: int, steps_per_failure: int
+) -> None:
+    """Raise :class:`et.ConfigError` with one sentence for any bad ``chaos.*`` value; ``Chaos`` and its schema call it."""
+    if min(mean_steps_between_failures, random_down_for_s, steps_per_failure) < 0:
+        raise et.ConfigError(
+            "chaos.mean_steps_between_failures, chaos.steps_per_failure and chaos.random_down_for_s "
+            "must not be negative."
+        )
+    if seed < 0:  # numpy seeds must not be negative
+        raise et.ConfigError(f"chaos.seed must be at least 0, got {seed}.")
+
+
 class Chaos:
     """Loses slices the way hardware does, through the cluster (``cluster.fail_slice``).
 
@@ -74,11 +87,8 @@ class Chaos:
         steps_per_failure: int = 0,
     ):
         self.failures = [f if isinstance(f, ScheduledFailure) else ScheduledFailure(**f) for f in failures]
-        if min(mean_steps_between_failures, random_down_for_s, steps_per_failure) < 0:
-            raise et.ConfigError(
-                "chaos.mean_steps_between_failures, chaos.steps_per_failure and chaos.random_down_for_s "
-                "must not be negative."
-            )
+        check_chaos_settings(mean_steps_between_failures=mean_steps_between_failures,
+                             random_down_for_s=random_down_for_s, seed=seed, steps_per_failure=steps_per_failure)
         self.mean_steps_between_failures = mean_steps_between_failures
         self.steps_per_failure = steps_per_failure
         self.random_down_for_s = random_down_for_s

@@ -1,8 +1,9 @@
-"""The strategies' defaults live in their constructors: the schemas are built from them, and the YAMLs repeat them.
+"""Each default lives in its object's constructor: the schemas are built from them, and the YAMLs repeat them.
 
-The YAMLs in conf/strategy are the documentation Hydra users read (every key,
-commented), so they name each constructor parameter with its default; these
-tests keep the two equal.
+The YAMLs in conf/ are the documentation Hydra users read (every key,
+commented), so they name constructor parameters with their defaults; these
+tests keep the two equal, and each schema equal to its constructor's
+signature. The few values that differ on purpose are named here, each with why.
 """
 
 from __future__ import annotations
@@ -17,7 +18,14 @@ from hydra.utils import get_class
 from omegaconf import OmegaConf
 from test_config import CONF_DIR, compose_config
 
-from elastic_trainer.config._schemas import register_configs
+import elastic_trainer as et
+from elastic_trainer.config._schemas import (
+    CheckpointConfig,
+    ScheduledFailureConfig,
+    TrainerConfig,
+    register_configs,
+)
+from elastic_trainer_plugins.chaos import Chaos, ScheduledFailure
 from elastic_trainer_plugins.full_restart import FullRestart
 from elastic_trainer_plugins.pause_resume import PauseResume
 from elastic_trainer_plugins.scale_down import ScaleDown
@@ -26,15 +34,79 @@ STRATEGIES = {"scale_down": ScaleDown, "pause_resume": PauseResume, "full_restar
 CHAIN_OVERRIDES = [{"timeout_s": 30.0}, {}]  # pause_then_scale_down waits 30 s, not pause_resume's 300 s
 PARAMETRIZE = pytest.mark.parametrize(("name", "cls"), STRATEGIES.items(), ids=STRATEGIES)
 
+SCHEMA_CLASSES = {  # each schema in Hydra's ConfigStore that is built from a constructor, and its class
+    "cluster/simulated": et.SimulatedCluster,
+    "cluster/multiprocess": et.MultiprocessCluster,
+    "cluster/pathways": et.PathwaysCluster,
+    "model/transformer": et.Transformer,
+    "data/stdlib_text": et.StdlibText,
+    "chaos/chaos": Chaos,
+    **{f"strategy/{name}": cls for name, cls in STRATEGIES.items()},
+}
+LEFT_OUT = {  # constructor parameters a config does not set
+    "cluster/pathways": {"slice_to_devices"},  # devices, for code that builds the cluster itself
+    "model/transformer": {"key"},  # the builder passes the PRNG key
+}
+RETYPED = {  # annotations OmegaConf does not understand, and the schema's type instead
+    "cluster/pathways": {"health_checker": str | None},  # a class, or its "module:Class" name
+    "chaos/chaos": {"failures": list[ScheduledFailureConfig]},  # typed entries: a bad one is one sentence
+}
+DOCUMENTED_GROUPS = ("cluster", "model", "data", "chaos")  # their YAMLs' values are checked against the constructors
+NOT_DEFAULTS = {  # YAML values that differ from their constructor's default on purpose
+    "model/transformer.seq_len": "${data.seq_len}: the model follows the data",
+    "chaos/during_save.failures": "the option is its one failure, during a save",
+    "chaos/one_failure.failures": "the option is its one failure",
+    "chaos/periodic.steps_per_failure": "the option is one failure per 100 steps",
+    "chaos/periodic.random_down_for_s": "its lost slices come back after 0.5 s",
+    "chaos/periodic.seed": "${seed}: the run's seed",
+    "chaos/random.mean_steps_between_failures": "the option is a failure every 100 steps on average",
+    "chaos/random.random_down_for_s": "its lost slices come back after 5 s",
+    "chaos/random.seed": "${seed}: the run's seed",
+    "chaos/schedule.seed": "${seed}: the run's seed",
+}
+SHARED_DEFAULTS = [  # (schema, the callable it configures, the fields that take that callable's defaults)
+    (TrainerConfig, et.Trainer, {"within_slice", "snapshot_period", "step_timeout_s"}),
+    (CheckpointConfig, et.Checkpointer, {"period", "mtbf_s", "max_to_keep", "async_save"}),
+    (CheckpointConfig, et.Trainer, {"resume"}),
+]
+
 
 def target(cls: type) -> str:
-    """The import path Hydra's ``_target_`` names ``cls`` by."""
+    """The import path Hydra's ``_target_`` names ``cls`` by: its public alias in ``elastic_trainer`` if it has one."""
+    if getattr(et, cls.__name__, None) is cls:
+        return f"elastic_trainer.{cls.__name__}"
     return f"{cls.__module__}.{cls.__qualname__}"
 
 
-def constructor_defaults(cls: type) -> dict[str, typing.Any]:
-    """Each of ``cls``'s constructor parameters and its default."""
-    return {name: parameter.default for name, parameter in inspect.signature(cls).parameters.items()}
+def constructor_defaults(cls: type, left_out: typing.Collection[str] = ()) -> dict[str, typing.Any]:
+    """Each of ``cls``'s constructor parameters (less ``left_out``) and its default, a sequence as a list."""
+    parameters = inspect.signature(cls).parameters.items()
+    return {name: as_config(p.default) for name, p in parameters if name not in left_out}
+
+
+def as_config(value: typing.Any) -> typing.Any:
+    """``value`` as a config holds it: a sequence as a list, no default as OmegaConf's ``MISSING``."""
+    if value is inspect.Parameter.empty:
+        return "???"
+    return list(value) if isinstance(value, tuple) else value
+
+
+def field_default(field: dataclasses.Field) -> typing.Any:
+    """A dataclass field's default, made by its factory where it has one."""
+    return field.default if field.default_factory is dataclasses.MISSING else field.default_factory()
+
+
+def schema_fields(schema: type) -> list[tuple[str, typing.Any, typing.Any]]:
+    """Each field of ``schema``: its name, type and default."""
+    return [(field.name, field.type, field_default(field)) for field in dataclasses.fields(schema)]
+
+
+def signature_fields(
+    cls: type, left_out: typing.Collection[str] = (), retyped: dict[str, typing.Any] | None = None
+) -> list[tuple[str, typing.Any, typing.Any]]:
+    """The fields a schema of ``cls``'s constructor must have, ``_target_`` aside: name, type and default."""
+    hints = typing.get_type_hints(cls.__init__) | (retyped or {})
+    return [(name, hints[name], default) for name, default in constructor_defaults(cls, left_out).items()]
 
 
 def without_target(node: dict[str, typing.Any], cls: type) -> dict[str, typing.Any]:
@@ -66,11 +138,56 @@ def test_each_member_of_pause_then_scale_down_has_its_class_defaults_but_the_doc
     assert constructor_defaults(PauseResume)["timeout_s"] != CHAIN_OVERRIDES[0]["timeout_s"]  # a real override
 
 
-@PARAMETRIZE
-def test_each_strategy_schema_is_its_constructor_signature(name, cls):
+@pytest.mark.parametrize(("name", "cls"), SCHEMA_CLASSES.items(), ids=SCHEMA_CLASSES)
+def test_each_schema_is_its_constructor_signature(name, cls):
     register_configs()
-    schema = OmegaConf.get_type(ConfigStore.instance().load(f"schema/strategy/{name}.yaml").node)
-    hints = typing.get_type_hints(cls.__init__)
-    expected = [("_target_", str, target(cls))]
-    expected += [(parameter, hints[parameter], default) for parameter, default in constructor_defaults(cls).items()]
-    assert [(field.name, field.type, field.default) for field in dataclasses.fields(schema)] == expected
+    schema = OmegaConf.get_type(ConfigStore.instance().load(f"schema/{name}.yaml").node)
+    expected = [("_target_", str, target(cls)), *signature_fields(cls, LEFT_OUT.get(name, ()), RETYPED.get(name))]
+    assert schema_fields(schema) == expected
+
+
+def test_the_schema_of_a_scheduled_failure_is_its_signature():
+    assert schema_fields(ScheduledFailureConfig) == signature_fields(ScheduledFailure)  # no _target_: Chaos builds it
+
+
+def documented_yamls() -> list[str]:
+    """``group/option`` of each YAML whose values are checked against its constructor."""
+    return [f"{group}/{path.stem}" for group in DOCUMENTED_GROUPS for path in sorted((CONF_DIR / group).glob("*.yaml"))]
+
+
+def written_values(option: str) -> tuple[type, dict[str, typing.Any]]:
+    """The class a YAML configures (by the schema its defaults list names) and the values it writes, unresolved."""
+    written = OmegaConf.to_container(OmegaConf.load(CONF_DIR / f"{option}.yaml"))
+    schema = written.pop("defaults")[0].removeprefix("/schema/").removesuffix("@_here_")
+    cls = SCHEMA_CLASSES[schema]
+    assert written.pop("_target_", target(cls)) == target(cls)  # written, or left to the schema
+    return cls, written
+
+
+@pytest.mark.parametrize("option", documented_yamls())
+def test_each_yaml_value_is_its_constructor_default_unless_documented(option):
+    cls, written = written_values(option)
+    defaults = constructor_defaults(cls)
+    assert set(written) <= set(defaults), f"{option}.yaml sets keys that {cls.__name__} does not take"
+    differ = {f"{option}.{key}" for key, value in written.items() if value != defaults[key]}
+    assert differ == {key for key in NOT_DEFAULTS if key.startswith(f"{option}.")}
+
+
+def test_each_documented_exception_names_a_yaml_that_exists():
+    assert {key.rsplit(".", 1)[0] for key in NOT_DEFAULTS} <= set(documented_yamls())
+
+
+def test_config_yaml_names_every_trainer_and_checkpoint_field_with_its_schema_default():
+    written = OmegaConf.to_container(OmegaConf.load(CONF_DIR / "config.yaml"))
+    for section, schema in (("trainer", TrainerConfig), ("checkpoint", CheckpointConfig)):
+        assert written[section] == {name: default for name, _, default in schema_fields(schema)}
+
+
+@pytest.mark.parametrize(("schema", "function", "fields"), SHARED_DEFAULTS,
+                         ids=[f"{s.__name__}-{f.__name__}" for s, f, _ in SHARED_DEFAULTS])
+def test_trainer_and_checkpoint_schemas_take_the_defaults_of_what_they_configure(schema, function, fields):
+    parameters = inspect.signature(function).parameters.items()
+    defaults = {name: p.default for name, p in parameters if p.default is not inspect.Parameter.empty}
+    shared = {name: default for name, _, default in schema_fields(schema) if name in defaults}
+    assert set(shared) == fields
+    assert shared == {name: defaults[name] for name in fields}

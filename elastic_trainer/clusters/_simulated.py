@@ -9,7 +9,8 @@ import jax
 import numpy as np
 from jaxtyping import PyTree
 
-from .._failures import ConfigError, SliceLostError, check_at_least
+from .._failures import ConfigError, SliceLostError
+from ..config._settings import check_simulated_settings
 from ._base import AbstractInjectableCluster
 
 
@@ -31,8 +32,7 @@ class SimulatedCluster(AbstractInjectableCluster):
     kind = "simulated"
 
     def __init__(self, slices: int = 4, devices_per_slice: int = 2):
-        check_at_least("cluster.slices", slices, 1)
-        check_at_least("cluster.devices_per_slice", devices_per_slice, 1)
+        check_simulated_settings(slices=slices, devices_per_slice=devices_per_slice)
         self.slices = slices
         self.devices_per_slice = devices_per_slice
         self._down_until = [0.0] * slices

@@ -1,10 +1,12 @@
-"""Structured-config schemas, and the one place where configs become objects."""
+"""Structured-config schemas for Hydra's ConfigStore, built from the constructors they configure where there is one."""
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import inspect
 import typing
+from collections.abc import Callable, Collection, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -12,16 +14,35 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 from omegaconf.errors import MissingMandatoryValue, OmegaConfBaseException
 
+from elastic_trainer_plugins.chaos import Chaos, ScheduledFailure, check_chaos_settings
 from elastic_trainer_plugins.full_restart import FullRestart
 from elastic_trainer_plugins.pause_resume import PauseResume
 from elastic_trainer_plugins.scale_down import ScaleDown
 
-from .._checkpoint import check_period
+from .._checkpoint import Checkpointer, check_period
 from .._data import StdlibText
 from .._failures import ConfigError, check_at_least
-from ..clusters._pathways import load_health_checker
+from .._models import Transformer
 from .._period import check_mtbf
-from ._settings import check_multiprocess_settings, check_trainer_settings
+from .._trainer import Trainer
+from ..clusters._multiprocess import MultiprocessCluster
+from ..clusters._pathways import PathwaysCluster, load_health_checker
+from ..clusters._simulated import SimulatedCluster
+from ._settings import (
+    check_multiprocess_settings,
+    check_simulated_settings,
+    check_stdlib_text_settings,
+    check_trainer_settings,
+    check_transformer_settings,
+)
+
+
+def default_of(function: Callable, name: str) -> Any:
+    """The default of ``function``'s parameter ``name``: a schema field takes it from there, so it is written once."""
+    default = inspect.signature(function).parameters[name].default
+    if default is inspect.Parameter.empty:
+        raise TypeError(f"{function.__qualname__}'s parameter {name} has no default to take.")
+    return default
 
 
 @dataclasses.dataclass
@@ -30,9 +51,9 @@ class TrainerConfig:
 
     steps: int = 300
     global_batch_size: int = 48
-    within_slice: str = "replicated"
-    snapshot_period: int = 10
-    step_timeout_s: float = 300.0
+    within_slice: str = default_of(Trainer, "within_slice")
+    snapshot_period: int = default_of(Trainer, "snapshot_period")
+    step_timeout_s: float = default_of(Trainer, "step_timeout_s")
     compilation_cache_dir: str | None = None
 
     def __post_init__(self):
@@ -55,12 +76,12 @@ class CheckpointConfig:
     """``checkpoint``: Orbax checkpoints of the train state."""
 
     enabled: bool = True
-    period: Any = 100  # steps, or "auto"; OmegaConf has no int-or-string type
-    mtbf_s: float | None = None
-    max_to_keep: int = 3
+    period: Any = default_of(Checkpointer, "period")  # steps, or "auto"; OmegaConf has no int-or-string type
+    mtbf_s: float | None = default_of(Checkpointer, "mtbf_s")
+    max_to_keep: int = default_of(Checkpointer, "max_to_keep")
     dir: str | None = None
-    resume: bool = False
-    async_save: bool = True
+    resume: bool = default_of(Trainer, "resume")
+    async_save: bool = default_of(Checkpointer, "async_save")
 
     def __post_init__(self):
         check_period(self.period)
@@ -68,72 +89,6 @@ class CheckpointConfig:
         check_at_least("checkpoint.max_to_keep", self.max_to_keep, 1)
         if self.resume and not self.enabled:
             raise ConfigError("checkpoint.resume needs checkpoint.enabled=true.")
-
-
-@dataclasses.dataclass
-class SimulatedClusterConfig:
-    """``cluster=simulated``: slices of CPU devices in this process."""
-
-    _target_: str = "elastic_trainer.SimulatedCluster"
-    slices: int = 4
-    devices_per_slice: int = 2
-
-    def __post_init__(self):
-        check_at_least("cluster.slices", self.slices, 1)
-        check_at_least("cluster.devices_per_slice", self.devices_per_slice, 1)
-
-
-@dataclasses.dataclass
-class MultiprocessClusterConfig:
-    """``cluster=multiprocess``: slices made of JAX processes (``jax.distributed``)."""
-
-    _target_: str = "elastic_trainer.MultiprocessCluster"
-    num_processes: int = 2
-    devices_per_process: int | None = 2
-    processes_per_slice: int = 1
-    heartbeat_timeout_s: int = 5
-    collective_timeout_s: int = 10
-    initialization_timeout_s: int = 120
-    platform: str | None = "cpu"
-    launcher: str = "local"
-
-    def __post_init__(self):
-        # checked here too, not only by MultiprocessCluster: the local launcher checks the config before it
-        # starts any process, and the cluster itself is built only in the processes it starts
-        settings = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "_target_"}
-        check_multiprocess_settings(**settings)
-
-
-@dataclasses.dataclass
-class TransformerConfig:
-    """``model=transformer``: the default decoder-only language model."""
-
-    _target_: str = "elastic_trainer.Transformer"
-    vocab_size: int = 256
-    seq_len: int = 64
-    d_model: int = 128
-    num_heads: int = 4
-    num_layers: int = 2
-    mlp_ratio: int = 4
-
-    def __post_init__(self):
-        for name in ("vocab_size", "seq_len", "d_model", "num_heads", "num_layers", "mlp_ratio"):
-            check_at_least(f"model.{name}", getattr(self, name), 1)
-        if self.d_model % self.num_heads:
-            raise ConfigError(f"model.num_heads ({self.num_heads}) must divide model.d_model ({self.d_model}).")
-
-
-@dataclasses.dataclass
-class StdlibTextConfig:
-    """``data=stdlib_text``: byte-level text from Python's standard library."""
-
-    _target_: str = "elastic_trainer.StdlibText"
-    seq_len: int = 64
-    max_bytes: int = 4_000_000
-
-    def __post_init__(self):
-        check_at_least("data.seq_len", self.seq_len, 1)
-        check_at_least("data.max_bytes", self.max_bytes, self.seq_len + 1)
 
 
 @dataclasses.dataclass
@@ -183,37 +138,92 @@ class FunctionConfig:
     _partial_: bool = True
 
 
-def schema_of(cls: type) -> type:
-    """A schema built from ``cls``'s constructor: ``_target_`` (its import path), then each parameter with its
-    annotation and default (``MISSING`` where it has none), so that the defaults live in the constructor only."""
-    target = f"{cls.__module__}.{cls.__qualname__}"
-    hints = typing.get_type_hints(cls.__init__)  # the plugins' annotations are strings (``from __future__``)
-    fields = [("_target_", str, dataclasses.field(default=target))]
+def schema_of(
+    cls: type,
+    *,
+    target: str | bool = True,
+    check: Callable[..., None] | None = None,
+    leave_out: Collection[str] = (),
+    types: Mapping[str, Any] | None = None,
+) -> type:
+    """A schema built from ``cls``'s constructor, so that its defaults live in the constructor only.
+
+    Its fields are ``_target_``, then each parameter with its annotation and default (``MISSING`` where it has
+    none). ``target`` is the ``_target_``: ``True`` for ``cls``'s import path, a string for another, ``False``
+    for none (an entry that its parent's constructor builds). ``check`` is called in ``__post_init__`` with the
+    fields its parameters name; ``leave_out`` names the parameters a config does not set (run-time arguments);
+    ``types`` replaces annotations that OmegaConf does not understand.
+    """
+    path = f"{cls.__module__}.{cls.__qualname__}"
+    hints = typing.get_type_hints(cls.__init__) | dict(types or {})  # the plugins' annotations are strings
+    fields = [("_target_", str, dataclasses.field(default=path if target is True else target))] if target else []
     for name, parameter in inspect.signature(cls).parameters.items():
-        default = MISSING if parameter.default is inspect.Parameter.empty else parameter.default
-        fields.append((name, hints[name], dataclasses.field(default=default)))
-    doc = f"The schema of ``{target}``; its defaults and value checks live in its constructor."
+        if name not in leave_out:
+            fields.append((name, hints[name], _field(parameter.default)))
+    doc = f"The schema of ``{path}``; its defaults and value checks live in its constructor."
     namespace = {"__module__": __name__, "__doc__": doc}  # found where it is stored, so that configs pickle
+    if check is not None:
+        namespace["__post_init__"] = _post_init(check)
     return dataclasses.make_dataclass(f"{cls.__name__}Config", fields, namespace=namespace)
 
 
+def _field(default: Any) -> dataclasses.Field:
+    """A schema field of this default: ``MISSING`` for none, a fresh list for a sequence (OmegaConf's lists)."""
+    if default is inspect.Parameter.empty:
+        return dataclasses.field(default=MISSING)
+    if isinstance(default, (list, tuple)):
+        return dataclasses.field(default_factory=functools.partial(list, default))
+    return dataclasses.field(default=default)
+
+
+def _post_init(check: Callable[..., None]) -> Callable[[Any], None]:
+    """A schema's ``__post_init__`` that calls ``check`` with the fields its parameters name."""
+    names = list(inspect.signature(check).parameters)
+
+    def __post_init__(self) -> None:
+        """Check the values with the constructor's own checks."""
+        check(**{name: getattr(self, name) for name in names})
+
+    return __post_init__
+
+
+def _check_stdlib_text(*, seq_len: int, max_bytes: int) -> None:
+    """StdlibText's own checks, and that ``max_bytes`` holds one window (StdlibText says so once it read the text)."""
+    check_stdlib_text_settings(seq_len=seq_len)
+    check_at_least("data.max_bytes", max_bytes, seq_len + 1)
+
+
+def _check_health_checker(*, health_checker: str | None) -> None:
+    """Load the class ``health_checker`` names, so that a bad name is one sentence naming the field (not as the
+    cluster failing to build)."""
+    if health_checker is not None:
+        load_health_checker(health_checker)
+
+
+# the built-in classes are named by their public aliases (elastic_trainer.SimulatedCluster)
+SimulatedClusterConfig = schema_of(  # cluster=simulated
+    SimulatedCluster, target="elastic_trainer.SimulatedCluster", check=check_simulated_settings
+)
+# checked here too, not only by MultiprocessCluster: the local launcher checks the config before it starts any
+# process, and the cluster itself is built only in the processes it starts
+MultiprocessClusterConfig = schema_of(  # cluster=multiprocess
+    MultiprocessCluster, target="elastic_trainer.MultiprocessCluster", check=check_multiprocess_settings
+)
+PathwaysClusterConfig = schema_of(  # cluster=pathways; slice_to_devices is for code that builds it itself
+    PathwaysCluster, target="elastic_trainer.PathwaysCluster", check=_check_health_checker,
+    leave_out=("slice_to_devices",), types={"health_checker": str | None},
+)
+TransformerConfig = schema_of(  # model=transformer; the builder passes the key
+    Transformer, target="elastic_trainer.Transformer", check=check_transformer_settings, leave_out=("key",)
+)
+StdlibTextConfig = schema_of(StdlibText, target="elastic_trainer.StdlibText", check=_check_stdlib_text)  # data=...
 ScaleDownConfig = schema_of(ScaleDown)  # +strategy=scale_down
 PauseResumeConfig = schema_of(PauseResume)  # +strategy=pause_resume
 FullRestartConfig = schema_of(FullRestart)  # +strategy=full_restart
-
-
-@dataclasses.dataclass
-class PathwaysClusterConfig:
-    """``cluster=pathways``: the slices of a Pathways job, through pathwaysutils (an optional extra)."""
-
-    _target_: str = "elastic_trainer.PathwaysCluster"
-    health_checker: str | None = None
-
-    def __post_init__(self):
-        # the class is loaded here too, so that a bad name is said in one sentence that names the field (not as
-        # the cluster failing to build)
-        if self.health_checker is not None:
-            load_health_checker(self.health_checker)
+ScheduledFailureConfig = schema_of(ScheduledFailure, target=False)  # one entry of chaos.failures; Chaos checks it
+ChaosConfig = schema_of(  # +chaos=schedule, +chaos=random, ...; typed entries, so that a bad one is one sentence
+    Chaos, check=check_chaos_settings, types={"failures": list[ScheduledFailureConfig]}
+)
 
 
 @dataclasses.dataclass
@@ -222,32 +232,6 @@ class FallbackConfig:
 
     _target_: str = "elastic_trainer_plugins.fallback.Fallback"
     strategies: list[Any] = dataclasses.field(default_factory=list)
-
-
-@dataclasses.dataclass
-class ScheduledFailureConfig:
-    """One entry of ``chaos.failures``."""
-
-    at_step: int = MISSING
-    slice: int = MISSING
-    phase: str = "train_step"
-    down_for_s: float = 1e9
-    hang: bool = False
-
-
-@dataclasses.dataclass
-class ChaosConfig:
-    """``+chaos=schedule`` or ``+chaos=random``; value checks live in the plugin's constructor."""
-
-    _target_: str = "elastic_trainer_plugins.chaos.Chaos"
-    failures: list[ScheduledFailureConfig] = dataclasses.field(default_factory=list)
-    mean_steps_between_failures: float = 0.0
-    random_down_for_s: float = 1e9
-    seed: int = 0
-    steps_per_failure: int = 0
-
-    def __post_init__(self):
-        check_at_least("chaos.seed", self.seed, 0)  # numpy seeds must not be negative
 
 
 @dataclasses.dataclass

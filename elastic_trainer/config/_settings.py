@@ -1,7 +1,7 @@
-"""The value checks of the trainer's and the multi-process cluster's settings, written once.
+"""The value checks that constructors and their config schemas share, each written once.
 
-The constructors (``Trainer``, ``MultiprocessCluster``) and their config
-schemas (``TrainerConfig``, ``MultiprocessClusterConfig``) both call these:
+The constructors (``Trainer``, ``SimulatedCluster``, ``MultiprocessCluster``,
+``Transformer``, ``StdlibText``) and their config schemas both call these:
 the schema so that a bad value stops the command line before anything starts,
 the constructor for code that builds the objects itself.
 """
@@ -58,3 +58,26 @@ def check_multiprocess_settings(
             f"cluster.launcher must be 'local' (the command starts the processes here) or 'none' "
             f"(a scheduler started them), got {launcher!r}."
         )
+
+
+def check_simulated_settings(*, slices: int, devices_per_slice: int) -> None:
+    """Raise :class:`ConfigError` with one sentence for any bad ``cluster.*`` value of ``cluster=simulated``."""
+    check_at_least("cluster.slices", slices, 1)
+    check_at_least("cluster.devices_per_slice", devices_per_slice, 1)
+
+
+def check_transformer_settings(
+    *, vocab_size: int, seq_len: int, d_model: int, num_heads: int, num_layers: int, mlp_ratio: int
+) -> None:
+    """Raise :class:`ConfigError` with one sentence for any bad ``model.*`` value of ``model=transformer``."""
+    sizes = {"vocab_size": vocab_size, "seq_len": seq_len, "d_model": d_model, "num_heads": num_heads,
+             "num_layers": num_layers, "mlp_ratio": mlp_ratio}
+    for name, size in sizes.items():
+        check_at_least(f"model.{name}", size, 1)
+    if d_model % num_heads:
+        raise ConfigError(f"model.num_heads ({num_heads}) must divide model.d_model ({d_model}).")
+
+
+def check_stdlib_text_settings(*, seq_len: int) -> None:
+    """Raise :class:`ConfigError` with one sentence for a bad ``data.seq_len`` of ``data=stdlib_text``."""
+    check_at_least("data.seq_len", seq_len, 1)
