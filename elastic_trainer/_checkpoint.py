@@ -13,9 +13,10 @@ import numpy as np
 import orbax.checkpoint as ocp
 from jaxtyping import PyTree
 
-from ._failures import CheckpointWarning, ConfigError, check_at_least
+from ._failures import CheckpointWarning, ConfigError
 from .clusters._group_barrier import GroupBarrier, hide_given_up_saves
 from ._period import YoungDalyPeriod
+from .config._settings import check_checkpoint_settings
 
 UNREADABLE_SUFFIX = ".unreadable"
 """An unreadable checkpoint that a resumed run reaches again is moved aside to ``<step>.unreadable``."""
@@ -64,8 +65,7 @@ class Checkpointer:
         async_save: bool = True,
         mtbf_s: float | None = None,
     ):
-        check_period(period)
-        check_at_least("checkpoint.max_to_keep", max_to_keep, 1)
+        check_checkpoint_settings(period=period, max_to_keep=max_to_keep, mtbf_s=mtbf_s)
         self.directory = Path(directory).absolute()
         _check_directory(self.directory)
         self.period = period
@@ -340,12 +340,3 @@ def _first_difference(stored: dict, wanted: dict) -> str | None:
         if stored_dtype != dtype:
             return f"{name} has dtype {stored_dtype} there and {dtype} in this run"
     return None
-
-
-def check_period(period: object) -> None:
-    """Raise :class:`ConfigError` unless ``period`` is a whole number of steps (at least 1) or ``"auto"``."""
-    if period == "auto":
-        return
-    if isinstance(period, bool) or not isinstance(period, int):
-        raise ConfigError(f"checkpoint.period must be a whole number of steps or 'auto', got {period!r}.")
-    check_at_least("checkpoint.period", period, 1)

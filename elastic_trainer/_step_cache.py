@@ -7,7 +7,6 @@ import time
 from typing import Any
 
 import jax
-import numpy as np
 from jax.sharding import Mesh
 from jaxtyping import PyTree
 

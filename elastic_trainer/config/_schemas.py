@@ -19,16 +19,16 @@ from elastic_trainer_plugins.full_restart import FullRestart
 from elastic_trainer_plugins.pause_resume import PauseResume
 from elastic_trainer_plugins.scale_down import ScaleDown
 
-from .._checkpoint import Checkpointer, check_period
+from .._checkpoint import Checkpointer
 from .._data import StdlibText
 from .._failures import ConfigError, check_at_least
 from .._models import Transformer
-from .._period import check_mtbf
 from .._trainer import Trainer
 from ..clusters._multiprocess import MultiprocessCluster
 from ..clusters._pathways import PathwaysCluster, load_health_checker
 from ..clusters._simulated import SimulatedCluster
 from ._settings import (
+    check_checkpoint_settings,
     check_multiprocess_settings,
     check_simulated_settings,
     check_stdlib_text_settings,
@@ -84,9 +84,7 @@ class CheckpointConfig:
     async_save: bool = default_of(Checkpointer, "async_save")
 
     def __post_init__(self):
-        check_period(self.period)
-        check_mtbf(self.mtbf_s)
-        check_at_least("checkpoint.max_to_keep", self.max_to_keep, 1)
+        check_checkpoint_settings(period=self.period, max_to_keep=self.max_to_keep, mtbf_s=self.mtbf_s)
         if self.resume and not self.enabled:
             raise ConfigError("checkpoint.resume needs checkpoint.enabled=true.")
 

@@ -9,6 +9,7 @@ the constructor for code that builds the objects itself.
 from __future__ import annotations
 
 from .._failures import ConfigError, check_at_least
+from .._period import check_mtbf
 
 
 def check_trainer_settings(
@@ -81,3 +82,19 @@ def check_transformer_settings(
 def check_stdlib_text_settings(*, seq_len: int) -> None:
     """Raise :class:`ConfigError` with one sentence for a bad ``data.seq_len`` of ``data=stdlib_text``."""
     check_at_least("data.seq_len", seq_len, 1)
+
+
+def check_period(period: object) -> None:
+    """Raise :class:`ConfigError` unless ``period`` is a whole number of steps (at least 1) or ``"auto"``."""
+    if period == "auto":
+        return
+    if isinstance(period, bool) or not isinstance(period, int):
+        raise ConfigError(f"checkpoint.period must be a whole number of steps or 'auto', got {period!r}.")
+    check_at_least("checkpoint.period", period, 1)
+
+
+def check_checkpoint_settings(*, period: object, max_to_keep: int, mtbf_s: float | None) -> None:
+    """Raise :class:`ConfigError` with one sentence for any bad ``checkpoint.*`` value."""
+    check_period(period)
+    check_mtbf(mtbf_s)
+    check_at_least("checkpoint.max_to_keep", max_to_keep, 1)
