@@ -40,5 +40,6 @@ from ._protocols import (
 from ._state import TrainState as TrainState, init_train_state as init_train_state
 from ._trainer import FitResult as FitResult, Trainer as Trainer
 from .hookspecs import hookimpl as hookimpl, hookspec as hookspec
+from ._grain import GrainDataset as GrainDataset
 
 __version__ = "0.1.0"
