@@ -41,5 +41,6 @@ from ._state import TrainState as TrainState, init_train_state as init_train_sta
 from ._trainer import FitResult as FitResult, Trainer as Trainer
 from .hookspecs import hookimpl as hookimpl, hookspec as hookspec
 from ._grain import GrainDataset as GrainDataset
+from ._nnx import NnxModel as NnxModel
 
 __version__ = "0.1.0"
