@@ -1,6 +1,10 @@
 """NnxModel: a Flax NNX model trains through et.Trainer, survives a lost slice and resumes from a checkpoint."""
 
+import os
+import re
+import subprocess
 import sys
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -16,6 +20,7 @@ from elastic_trainer_plugins.scale_down import ScaleDown
 STEPS, BATCH, FAIL_AT = 6, 24, 3  # BATCH divides over 8 and 6 devices
 FEATURES, CLASSES = 4, 3
 FOREVER = 1e9
+DOC = Path(__file__).parents[1] / "docs" / "your_model.md"
 
 _cache: dict = {}
 
@@ -125,3 +130,19 @@ def test_without_flax_the_error_says_which_extra_to_install(monkeypatch):
     monkeypatch.setitem(sys.modules, "flax.nnx", None)  # import flax.nnx now raises ImportError
     with pytest.raises(et.ConfigError, match=r"NnxModel needs Flax .*pip install 'elastic-trainer\[flax\]'\.$"):
         et.NnxModel(Mlp(rngs=nnx.Rngs(0)))
+
+
+def test_the_example_of_docs_your_model_trains_an_nnx_model_through_a_lost_slice(tmp_path):
+    page = DOC.read_text()
+    module = re.findall(r"```python\n(.*?)```", page, flags=re.S)[0]  # my_classifier.py, the page's first block
+    (example,) = re.findall(r"```py\n(.*?)```", page.split("## A Flax NNX model", 1)[1], flags=re.S)
+    (tmp_path / "my_classifier.py").write_text(module)
+    (tmp_path / "train_nnx.py").write_text(example)
+    env = {**os.environ, "ELASTIC_TRAINER_DISABLE_PLUGIN_AUTOLOAD": "1", "PYTHONPATH": str(tmp_path)}
+    result = subprocess.run([sys.executable, "train_nnx.py"], cwd=tmp_path, capture_output=True, text=True,
+                            timeout=300, env=env)
+    assert result.returncode == 0, result.stderr
+    module_name, restored_from, lost_steps, final_loss = result.stdout.split()[-4:]
+    assert (module_name, restored_from, lost_steps) == ("NnxClassifier", "replica", "0")
+    assert float(final_loss) < 1.0  # 4 classes: chance is ln 4 = 1.39
+    assert (tmp_path / "nnx_checkpoints" / "40").is_dir()
