@@ -95,7 +95,9 @@ def merge_worker_reports(
     (the supervisor's start), time summed over workers, the gaps between them as
     startup, each restart's recovery measured from its failure to the next
     worker's first step (split into the new worker's ``startup_s``,
-    ``compile_s`` and ``restore_s``), and samples counted over every worker's
+    ``compile_s`` and ``restore_s``), each restart's ``slices_after`` the
+    slices the next worker trained on (every slice of its cluster: a worker
+    starts on all of them), and samples counted over every worker's
     committed steps.
     """
     first, last = reports[0], reports[-1]
@@ -107,6 +109,8 @@ def merge_worker_reports(
     failures = []
     for worker, following in zip(reports, [*reports[1:], None]):
         copies = [dict(f) for f in worker["failures"]]
+        if following is not None:
+            copies[-1]["slices_after"] = following["cluster"]["slices"]
         if following is not None and following["first_step_ended_at"] is not None:
             restart, before = copies[-1], following["badput_before_first_step_s"]
             restart["recovery_s"] = following["first_step_ended_at"] - restart["failed_at"]

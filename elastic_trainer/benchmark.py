@@ -4,8 +4,9 @@ Each job of a multirun sweep (``python -m elastic_trainer +benchmark=standard``)
 writes its ``report.json`` and ``events.jsonl``; at the end of the sweep,
 :class:`BenchmarkResults` gathers them into ``results.csv``, ``results.md``
 and three plots (goodput per strategy, a timeline per strategy, the breakdown
-of recovery time). Any launcher works: the callback reads only the files the
-jobs left in the sweep directory.
+of recovery time), and publishes each job's run files too (the measured costs
+that ``python -m elastic_trainer.plan`` projects from). Any launcher works:
+the callback reads only the files the jobs left in the sweep directory.
 """
 
 from __future__ import annotations
@@ -28,13 +29,15 @@ RESULT_COLUMNS = (
 RECOVERY_PARTS = ("detection_s", "waiting_s", "startup_s", "remesh_s", "compile_s", "restore_s")
 README_START, README_END = "<!-- benchmark-results:start -->", "<!-- benchmark-results:end -->"
 PLOTS = ("goodput.png", "timeline.png", "recovery.png")
+RUN_FILES = ("report.json", "events.jsonl", ".hydra/config.yaml", ".hydra/hydra.yaml")
+"""What each job's published run directory keeps: enough for :func:`load_jobs` and the projection."""
 
 
 class BenchmarkResults(Callback):
     """At the end of a multirun: results.csv, results.md and plots in the sweep directory.
 
     :param publish_dir: also copy the tables and plots here (a folder kept in
-        the repository), or ``None``.
+        the repository), with each job's run files under ``runs/``, or ``None``.
     :param readme: a Markdown file whose text between ``<!-- benchmark-results:start -->``
         and ``<!-- benchmark-results:end -->`` is replaced by the table and the
         plots (from ``publish_dir``); files without the markers are left alone.
@@ -66,6 +69,7 @@ class BenchmarkResults(Callback):
             for name in ("results.csv", "results.md", *PLOTS):
                 if (sweep_dir / name).exists():
                     shutil.copy(sweep_dir / name, publish_dir / name)
+            publish_runs(sweep_dir, jobs, publish_dir / "runs")
             if self.readme and Path(self.readme).exists():
                 update_readme(Path(self.readme), publish_dir)
 
@@ -86,6 +90,17 @@ def load_jobs(sweep_dir: Path) -> list[dict[str, Any]]:
             "seed": OmegaConf.load(job_dir / ".hydra" / "config.yaml").get("seed"),
         })
     return jobs
+
+
+def publish_runs(sweep_dir: Path, jobs: list[dict[str, Any]], runs_dir: Path) -> None:
+    """Copy each job's :data:`RUN_FILES` into ``runs_dir/<schedule>-<strategy>-<seed>/``, replacing earlier ones."""
+    shutil.rmtree(runs_dir, ignore_errors=True)
+    for job in jobs:
+        target = runs_dir / f"{job['schedule']}-{job['strategy']}-{job['seed']}"
+        for name in RUN_FILES:
+            if (sweep_dir / job["job"] / name).exists():
+                (target / name).parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy(sweep_dir / job["job"] / name, target / name)
 
 
 def _job_order(name: str) -> tuple[int, str]:

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import difflib
+import gc
 import importlib.metadata
 import sys
 import time
 from pathlib import Path
 
 import hydra
+import jax.extend.backend
 import psutil
 from hydra import compose, initialize_config_module
 from hydra.core.global_hydra import GlobalHydra
@@ -26,10 +28,12 @@ from ..config._build import build_strategy, build_trainer
 from ..config._schemas import check_config, omegaconf_message, register_configs
 from .._failures import ConfigError, PluginError, RestartRequested, TrainingStopped
 from .._protocols import restarts_process
-from .._plugins import DISABLE_AUTOLOAD_ENV, ENTRY_POINT_GROUP, LOAD_PLUGINS_ENV, describe_plugins, make_plugin_manager
+from .._plugins import (
+    DISABLE_AUTOLOAD_ENV, ENTRY_POINT_GROUP, LOAD_PLUGINS_ENV, describe_plugins, make_plugin_manager, strategy_name,
+)
 from ._launcher import launch
 from ._processes import Terminated, die_with_parent
-from ._supervisor import RESTART_EXIT_CODE, is_worker, supervise
+from ._supervisor import DEFAULT_MAX_RESTARTS, RESTART_EXIT_CODE, is_worker, supervise
 
 CONFIG_MODULE = "elastic_trainer_conf"
 LIST_PLUGINS = "--list-plugins"
@@ -53,43 +57,76 @@ def _job_started_at() -> float:
 @hydra.main(version_base=None, config_path=f"pkg://{CONFIG_MODULE}", config_name="config")
 def _app(cfg: DictConfig) -> None:
     started_at = _job_started_at()
-    hydra_cfg = HydraConfig.get()
     die_with_parent()  # a worker never outlives its launcher or supervisor
     try:
-        strategy = build_strategy(cfg)
-        if cfg.cluster.get("launcher") == "local" and not is_worker():  # start the processes of a multi-process job
-            check_config(cfg)
-            if cfg.checkpoint.period == "auto":
-                raise ConfigError(
-                    "checkpoint.period=auto does not work with several processes (each would choose its own "
-                    "period from its own measurements, and Orbax saves together); give a number of steps."
-                )
-            _end_job(launch(
-                overrides=list(hydra_cfg.overrides.task), run_dir=Path(hydra_cfg.runtime.output_dir),
-                num_processes=cfg.cluster.num_processes, max_restarts=strategy.max_restarts if restarts_process(strategy) else REGROUPS_WITHOUT_RESTARTS,
-                started_at=started_at,
-            ))
-            return
-        if restarts_process(strategy) and not is_worker():
-            _end_job(supervise(
-                overrides=list(hydra_cfg.overrides.task), run_dir=Path(hydra_cfg.runtime.output_dir),
-                max_restarts=strategy.max_restarts, started_at=started_at,
-            ))
-            return
-        trainer = build_trainer(cfg, run_dir=hydra_cfg.runtime.output_dir, started_at=started_at, strategy=strategy)
-        try:
-            trainer.fit()
-        finally:
-            if trainer.checkpointer:
-                trainer.checkpointer.close()
+        _end_job(_run(cfg, started_at=started_at))
     except (ConfigError, PluginError) as error:
         _fail(str(error))
+
+
+def _run(cfg: DictConfig, *, started_at: float) -> int:
+    """Train what ``cfg`` describes, in this process or in workers under it; the job's exit status."""
+    hydra_cfg = HydraConfig.get()
+    strategy = build_strategy(cfg)
+    search_path = [o for o in hydra_cfg.overrides.hydra if o.startswith("hydra.searchpath=")]  # for new processes
+    job = dict(overrides=[*hydra_cfg.overrides.task, *search_path], run_dir=Path(hydra_cfg.runtime.output_dir),
+               started_at=started_at)
+    if cfg.cluster.get("launcher") == "local" and not is_worker():
+        return _launch(cfg, strategy, job)
+    # a strategy may restart the process without declaring it (et.RestartingStrategy): then the default
+    supervised = dict(**job, max_restarts=getattr(strategy, "max_restarts", DEFAULT_MAX_RESTARTS),
+                      strategy=strategy_name(strategy))
+    if restarts_process(strategy) and not is_worker():  # declared: a supervisor from the start
+        return supervise(**supervised)
+    try:
+        _train(cfg, started_at=started_at, strategy=strategy)
+        return 0
     except RestartRequested as restart:
         print(f"elastic_trainer: {restart}", file=sys.stderr)
-        sys.exit(RESTART_EXIT_CODE)
+        if not _restarts_here(cfg):
+            return RESTART_EXIT_CODE  # the supervisor, launcher or scheduler that started this process restarts it
     except TrainingStopped as stop:
         print(f"elastic_trainer: training stopped: {stop}", file=sys.stderr)
-        _end_job(EXIT_TRAINING_STOPPED)
+        return EXIT_TRAINING_STOPPED
+    _release_devices()  # the strategy did not declare it restarts the process: this one supervises from here
+    return supervise(**supervised, first_attempt_ran_here=True)
+
+
+def _launch(cfg: DictConfig, strategy: object, job: dict) -> int:
+    """Start the processes of a multi-process job here (``cluster.launcher=local``); the job's exit status."""
+    check_config(cfg)
+    if cfg.checkpoint.period == "auto":
+        raise ConfigError(
+            "checkpoint.period=auto does not work with several processes (each would choose its own "
+            "period from its own measurements, and Orbax saves together); give a number of steps."
+        )
+    return launch(**job, num_processes=cfg.cluster.num_processes,
+                  max_restarts=strategy.max_restarts if restarts_process(strategy) else REGROUPS_WITHOUT_RESTARTS)
+
+
+def _train(cfg: DictConfig, *, started_at: float, strategy: object) -> None:
+    """Train in this process."""
+    trainer = build_trainer(cfg, run_dir=HydraConfig.get().runtime.output_dir, started_at=started_at,
+                            strategy=strategy)
+    try:
+        trainer.fit()
+    finally:
+        if trainer.checkpointer:
+            trainer.checkpointer.close()
+
+
+def _release_devices() -> None:
+    """Free what the training in this process held (its arrays, then JAX's devices and their memory), which the
+    workers this process goes on to supervise need."""
+    gc.collect()  # the finished run's arrays, held in reference cycles through its exception's traceback
+    jax.extend.backend.clear_backends()
+
+
+def _restarts_here(cfg: DictConfig) -> bool:
+    """Whether this process starts the next worker itself when its training asks for a restart: yes unless
+    something else started it and restarts it (a supervisor, the local launcher, or the scheduler of a
+    ``cluster.launcher=none`` job)."""
+    return not is_worker() and cfg.cluster.get("launcher") != "none"
 
 
 _worst_job_status = 0

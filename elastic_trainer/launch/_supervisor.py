@@ -21,6 +21,9 @@ EVENTS = "events.jsonl"
 RESTART_EXIT_CODE = 75
 """A worker's exit status when its strategy asks for a fresh process (EX_TEMPFAIL)."""
 
+DEFAULT_MAX_RESTARTS = 10
+"""How many new workers the command starts for a strategy that restarts the process but declares no ``max_restarts``."""
+
 WORKER_ENV = "ELASTIC_TRAINER_WORKER"
 """Set in a worker's environment to its attempt number; a worker never supervises."""
 
@@ -34,22 +37,31 @@ def is_worker() -> bool:
     return WORKER_ENV in os.environ
 
 
-def supervise(*, overrides: list[str], run_dir: Path, max_restarts: int, started_at: float) -> int:
+def supervise(
+    *, overrides: list[str], run_dir: Path, max_restarts: int, started_at: float, strategy: str,
+    first_attempt_ran_here: bool = False,
+) -> int:
     """Run workers with ``overrides`` until one ends other than by asking for a restart.
 
     Each restarted worker is a new interpreter that starts JAX, compiles and
     restores the last complete checkpoint (``checkpoint.resume=true``), so a
     restart costs what it costs. A worker runs in a process group of its own,
     killed when the supervisor ends for any reason (SIGTERM and Ctrl-C
-    included), so no worker outlives it. Returns the exit status for the
-    command line.
+    included), so no worker outlives it. With ``first_attempt_ran_here``, this
+    process trained the first attempt itself and it asked for a restart (its
+    ``report.json``, ``samples.npz`` and ``events.jsonl`` in ``run_dir``
+    become worker 0's); the first worker started is then the first restart.
+    ``strategy`` names who gives up after ``max_restarts``. Returns the exit
+    status for the command line.
     """
     def run_attempt(worker_overrides: list[str], attempt: int) -> tuple[int, bool]:
-        # a worker is one run, even when its supervisor is one job of a multirun
-        command = [sys.executable, "-m", "elastic_trainer", *worker_overrides, f"hydra.run.dir={run_dir}",
-                   "hydra.mode=RUN"]
-        launched_at = time.time()
-        status = run_worker(command, env={**os.environ, WORKER_ENV: str(attempt)})
+        if attempt == 0 and first_attempt_ran_here:
+            status, launched_at = RESTART_EXIT_CODE, started_at
+        else:  # a worker is one run, even when its supervisor is one job of a multirun
+            command = [sys.executable, "-m", "elastic_trainer", *worker_overrides, f"hydra.run.dir={run_dir}",
+                       "hydra.mode=RUN"]
+            launched_at = time.time()
+            status = run_worker(command, env={**os.environ, WORKER_ENV: str(attempt)})
         report_file = run_dir / "report.json"
         if not report_file.exists() or report_file.stat().st_mtime < launched_at:  # none, or an earlier run's
             return status, False  # the worker failed before training (bad input): it said why
@@ -58,7 +70,7 @@ def supervise(*, overrides: list[str], run_dir: Path, max_restarts: int, started
         return status, True
 
     return restart_until_done(run_attempt, overrides=overrides, run_dir=run_dir, max_restarts=max_restarts,
-                              started_at=started_at, restarting="the worker", giving_up="full_restart")
+                              started_at=started_at, restarting="the worker", giving_up=strategy)
 
 
 def restart_until_done(
