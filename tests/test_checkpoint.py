@@ -1,4 +1,7 @@
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import equinox as eqx
@@ -75,13 +78,18 @@ def test_a_truncated_newest_checkpoint_is_skipped_with_a_warning(tiny_trainer_kw
 
 
 def test_readme_snippet_loads_a_checkpoint_with_plain_orbax(tiny_trainer_kwargs, tmp_path):
-    state, _ = et.Trainer(**tiny_trainer_kwargs(steps=2, checkpointer=et.Checkpointer(tmp_path, period=2))).fit()
+    checkpoints = tmp_path / "runs" / "a" / "checkpoints"
+    state, _ = et.Trainer(**tiny_trainer_kwargs(steps=2, checkpointer=et.Checkpointer(checkpoints, period=2))).fit()
     readme = (Path(__file__).parents[1] / "README.md").read_text()
     snippet = readme.split("<!-- plain-orbax -->")[1].split("```python")[1].split("```")[0]
-    namespace = {}
-    exec(snippet.replace("runs/a/checkpoints", str(tmp_path)), namespace)  # noqa: S102 - the README's own code
-    assert namespace["step"] == 2 and namespace["metadata"]["data_position"] == 32
-    embedding = np.asarray(namespace["state"]["params"]["token_embedding"]["weight"])
+    report = "\nimport numpy as np\nnp.save('embedding.npy', state['params']['token_embedding']['weight'])\n"
+    report += "print(step, metadata['data_position'])\n"
+    env = {**os.environ, "JAX_PLATFORMS": "cpu", "JAX_NUM_CPU_DEVICES": "1"}  # a fresh process with one device
+    result = subprocess.run([sys.executable, "-c", snippet + report], cwd=tmp_path, capture_output=True, text=True,
+                            timeout=120, env=env)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["2", "32"]
+    embedding = np.load(tmp_path / "embedding.npy")
     np.testing.assert_array_equal(embedding, np.asarray(state.params.token_embedding.weight))
 
 
