@@ -26,6 +26,7 @@ from elastic_trainer.config._schemas import (
     register_configs,
 )
 from elastic_trainer_plugins.chaos import Chaos, ScheduledFailure
+from elastic_trainer_plugins.metrics import TensorBoard
 from elastic_trainer_plugins.full_restart import FullRestart
 from elastic_trainer_plugins.pause_resume import PauseResume
 from elastic_trainer_plugins.scale_down import ScaleDown
@@ -41,6 +42,7 @@ SCHEMA_CLASSES = {  # each schema in Hydra's ConfigStore that is built from a co
     "model/transformer": et.Transformer,
     "data/stdlib_text": et.StdlibText,
     "chaos/chaos": Chaos,
+    "logger/tensorboard": TensorBoard,
     **{f"strategy/{name}": cls for name, cls in STRATEGIES.items()},
 }
 LEFT_OUT = {  # constructor parameters a config does not set
@@ -51,7 +53,7 @@ RETYPED = {  # annotations OmegaConf does not understand, and the schema's type 
     "cluster/pathways": {"health_checker": str | None},  # a class, or its "module:Class" name
     "chaos/chaos": {"failures": list[ScheduledFailureConfig]},  # typed entries: a bad one is one sentence
 }
-DOCUMENTED_GROUPS = ("cluster", "model", "data", "chaos")  # their YAMLs' values are checked against the constructors
+DOCUMENTED_GROUPS = ("cluster", "model", "data", "chaos", "logger")  # their YAMLs' values are checked against the constructors
 NOT_DEFAULTS = {  # YAML values that differ from their constructor's default on purpose
     "model/transformer.seq_len": "${data.seq_len}: the model follows the data",
     "chaos/during_save.failures": "the option is its one failure, during a save",

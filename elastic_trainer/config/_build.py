@@ -45,7 +45,7 @@ def build_trainer(
         snapshot_period=cfg.trainer.snapshot_period,
         step_timeout_s=cfg.trainer.step_timeout_s,
         strategy=strategy if strategy is not None else build_strategy(cfg),
-        plugins=[_instantiate(cfg, "chaos")] if cfg.chaos is not None else [],
+        plugins=[_instantiate(cfg, group) for group in ("chaos", "logger") if cfg[group] is not None],
         seed=cfg.seed,
         run_dir=run_dir,
         started_at=started_at,

@@ -16,6 +16,7 @@ from omegaconf.errors import MissingMandatoryValue, OmegaConfBaseException
 
 from elastic_trainer_plugins.chaos import Chaos, ScheduledFailure, check_chaos_settings
 from elastic_trainer_plugins.full_restart import FullRestart
+from elastic_trainer_plugins.metrics import TensorBoard
 from elastic_trainer_plugins.pause_resume import PauseResume
 from elastic_trainer_plugins.scale_down import ScaleDown
 
@@ -222,6 +223,7 @@ ScheduledFailureConfig = schema_of(ScheduledFailure, target=False)  # one entry 
 ChaosConfig = schema_of(  # +chaos=schedule, +chaos=random, ...; typed entries, so that a bad one is one sentence
     Chaos, check=check_chaos_settings, types={"failures": list[ScheduledFailureConfig]}
 )
+TensorBoardConfig = schema_of(TensorBoard)  # +logger=tensorboard
 
 
 @dataclasses.dataclass
@@ -246,6 +248,7 @@ class Config:
     loss: Any = MISSING
     strategy: Any = None
     chaos: Any = None
+    logger: Any = None
 
     def __post_init__(self):
         check_at_least("seed", self.seed, 0)  # numpy seeds the data order, and its seeds must not be negative
@@ -285,6 +288,7 @@ def register_configs() -> None:
         ("strategy", "full_restart", FullRestartConfig),
         ("strategy", "fallback", FallbackConfig),
         ("chaos", "chaos", ChaosConfig),
+        ("logger", "tensorboard", TensorBoardConfig),
     ):
         store.store(group=f"schema/{group}", name=name, node=node)
 
