@@ -1,0 +1,347 @@
+"""A discrete-event simulation of one job: its steps, saves, failures, waits, recoveries and restarts.
+
+Time moves from event to event (a failure, a slice back, the end of a
+recovery); between two events the job trains at the rate of its layout and
+saves every ``period`` steps, worked out in closed form, so a job of weeks
+costs a few operations per failure, not per step.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from ._costs import RecoveryCost, StrategyCosts
+from ._model import FailureModel, Runtime
+
+_EPSILON_S = 1e-7  # a scheduled failure comes this long before the end of its step or save
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """One job to simulate: a strategy on ``slices`` slices, what its events cost and how often it saves.
+
+    :param restart: what restarting every process costs (a lost coordinator, or a group re-formed).
+    :param period: steps between checkpoints.
+    :param compile_ahead: ``scale_down`` compiles every "one slice fewer" layout in the background
+        after each start of its processes, one at a time (``et_likely_layouts``).
+    """
+
+    strategy: str
+    slices: int
+    costs: StrategyCosts
+    restart: RecoveryCost
+    runtime: Runtime
+    period: int
+    compile_ahead: bool = True
+
+    @property
+    def save_s(self) -> float:
+        """One save's blocking time, with the processes' barrier."""
+        return self.costs.save_s + self.runtime.barrier_s(self.slices)
+
+    @property
+    def restarts_on_every_failure(self) -> bool:
+        """Whether every lost slice restarts every process and rolls the job back to its last checkpoint."""
+        return self.strategy == "full_restart" or (self.strategy == "pause_resume" and self.runtime.regroups)
+
+    def detection_s(self, cost: RecoveryCost) -> float:
+        """The time to detect a lost slice: the runtime's, or else the one measured with ``cost``."""
+        return cost.detection_s if self.runtime.detection_s is None else self.runtime.detection_s
+
+
+@dataclass(frozen=True)
+class Failure:
+    """Slice ``slice`` lost at ``time`` and back ``repair_s`` later; ``slice == slices`` is the controller."""
+
+    time: float
+    slice: int
+    repair_s: float
+
+
+@dataclass(frozen=True)
+class ScheduledFailure:
+    """A failure as a benchmark schedules it: during the step after ``step`` (``train_step``) or while
+    step ``step`` is saved (``checkpoint_save``), the slices down for ``down_for_s`` from then."""
+
+    step: int
+    phase: str
+    slices: tuple[int, ...]
+    down_for_s: float
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What a simulated job did (seconds and steps).
+
+    :param full_step_s: a step's time on every slice, for :attr:`progress`.
+    """
+
+    wall_s: float
+    productive_s: float
+    steps: int
+    full_step_s: float
+    lost_steps: int
+    saves: int
+
+    @property
+    def goodput(self) -> float:
+        """Productive time over wall time, as ``report.json`` defines it."""
+        return self.productive_s / self.wall_s
+
+    @property
+    def progress(self) -> float:
+        """The steps done, timed as on every slice, over wall time: goodput less any slower steps on fewer slices."""
+        return self.steps * self.full_step_s / self.wall_s
+
+
+def failure_trace(model: FailureModel, slices: int, *, controller: bool, horizon_s: float,
+                  rng: np.random.Generator) -> list[Failure]:
+    """Every failure of ``slices`` slices (and of a controller host) in ``horizon_s``, in time order:
+    each fails after an exponential up time, stays down for a repair time, and fails again later."""
+    count = slices + int(controller)
+    mean_up_s = 1 / model.slice_rate_per_s
+    next_failure = rng.exponential(mean_up_s, count)
+    failures = []
+    while (hit := np.flatnonzero(next_failure < horizon_s)).size:
+        repairs = model.repair_times(rng, hit.size)
+        failures += [Failure(float(t), int(s), float(r)) for t, s, r in zip(next_failure[hit], hit, repairs)]
+        next_failure[hit] += repairs + rng.exponential(mean_up_s, hit.size)
+    return sorted(failures, key=lambda f: f.time)
+
+
+def simulate(scenario: Scenario, failures: list[Failure], horizon_s: float) -> Outcome:
+    """The job run for ``horizon_s`` of wall time through ``failures``."""
+    job = _Job(scenario)
+    for failure in failures:
+        job.run_until(failure.time)
+        job.fail(failure.slice, failure.time + failure.repair_s)
+    job.run_until(horizon_s)
+    return job.outcome(horizon_s + scenario.costs.end_s)
+
+
+def replay(scenario: Scenario, steps: int, schedule: list[ScheduledFailure]) -> Outcome:
+    """A job of ``steps`` steps through a benchmark's failure schedule, ending with a save of its last step."""
+    job = _Job(scenario)
+    for failure in schedule:
+        after_save = failure.phase == "checkpoint_save"
+        job.run_to_step(failure.step if after_save else failure.step + 1, after_save=after_save, early_s=_EPSILON_S)
+        lost_at = job.t - (job.save_s if after_save else job.step_wall_s)  # its step or save began then
+        for lost in failure.slices:
+            job.fail(lost, lost_at + failure.down_for_s)
+    last_saved = steps % scenario.period == 0
+    job.run_to_step(steps, after_save=last_saved)
+    end = job.t + (0.0 if last_saved else job.save_s) + scenario.costs.end_s
+    return job.outcome(end)
+
+
+class _Job:
+    """The state of one simulated job (private to the simulation: time only moves forward)."""
+
+    def __init__(self, scenario: Scenario):
+        self.sc = scenario
+        self.n = scenario.slices
+        self.coordinator = self.n if scenario.runtime.controller_fails else 0
+        self.down_until = np.zeros(self.n + 1)  # slice i is up once time reaches down_until[i]; [n]: the controller
+        self.t = 0.0
+        self.missing: frozenset[int] = frozenset()  # slices the job does not run on
+        self.base, self.done, self.saving, self.checkpoint = 0, 0.0, None, 0  # cycle start, steps in it, save under way
+        self.productive = 0.0
+        self.lost = self.saves = 0
+        self.busy_until = scenario.costs.start_s
+        self._new_processes(self.busy_until)
+
+    # ---- rates
+
+    @property
+    def step_s(self) -> float:
+        """A step's productive time on the slices in use: the same global batch over fewer devices is slower."""
+        return self.sc.costs.step_s * self.n / (self.n - len(self.missing))
+
+    @property
+    def step_wall_s(self) -> float:
+        """A step and the gap before the next."""
+        return self.step_s + self.sc.costs.gap_s
+
+    @property
+    def save_s(self) -> float:
+        """One save's blocking time."""
+        return self.sc.save_s
+
+    # ---- moving time
+
+    def run_until(self, until: float) -> None:
+        """Train (and recover, and scale up) until ``until``."""
+        while (event := self._next_event()) is not None and event <= until:
+            self._advance(event)
+            self._scale_up()
+        self._advance(until)
+
+    def run_to_step(self, step: int, *, after_save: bool, early_s: float = 0.0) -> None:
+        """Train until ``early_s`` before the end of step ``step`` (or of its save)."""
+        while True:
+            if self.busy_until > self.t:
+                self.run_until(self.busy_until)
+                continue
+            target = self.t + self._time_to(step, after_save=after_save) - early_s
+            event = self._next_event()
+            if event is None or event > target:
+                self._advance(target)
+                return
+            self.run_until(event)
+
+    def _next_event(self) -> float | None:
+        """The end of the recovery under way, or when the first missing slice is back (to scale up)."""
+        if self.busy_until > self.t:
+            return self.busy_until
+        if self.sc.strategy == "scale_down" and self.sc.runtime.rejoin and self.missing:
+            return max(self.t, min(self.down_until[i] for i in self.missing))
+        return None
+
+    def _advance(self, until: float) -> None:
+        if until <= self.t:
+            return
+        if self.busy_until > self.t:
+            self.t = min(until, self.busy_until)
+            if until <= self.t:
+                return
+        self._train(until - self.t)
+        self.t = until
+
+    def _train(self, seconds: float) -> None:
+        """``seconds`` of steps, with a save after every ``period``-th step."""
+        period, step_s, wall_s, save_s = self.sc.period, self.step_s, self.step_wall_s, self.save_s
+        while seconds > 0:
+            if self.saving is None:
+                needed = (period - self.done) * wall_s
+                if seconds < needed:
+                    self.done += seconds / wall_s
+                    self.productive += seconds * step_s / wall_s
+                    return
+                seconds -= needed
+                self.productive += (period - self.done) * step_s
+                self.done, self.saving = period, 0.0
+            needed = save_s - self.saving
+            if seconds < needed:
+                self.saving += seconds
+                return
+            seconds -= needed
+            cycle_s = period * wall_s + save_s
+            cycles = 1 + int(seconds // cycle_s)  # this save, and every whole cycle after it
+            seconds -= (cycles - 1) * cycle_s
+            self.base += cycles * period
+            self.checkpoint, self.done, self.saving = self.base, 0.0, None
+            self.saves += cycles
+            self.productive += (cycles - 1) * period * step_s
+
+    def _time_to(self, step: int, *, after_save: bool) -> float:
+        """Seconds from now to the end of step ``step`` (or of its save), saves on the way included."""
+        period, save_s = self.sc.period, self.save_s
+        seconds, position, boundary = 0.0, self.base + self.done, self.base + period
+        if self.saving is not None:
+            seconds, position, boundary = save_s - self.saving, boundary, boundary + period
+        saves = 0 if step <= boundary else (step - boundary - 1) // period + 1
+        if after_save and step >= boundary and (step - boundary) % period == 0:
+            saves += 1
+        return seconds + (step - position) * self.step_wall_s + saves * save_s
+
+    # ---- failures
+
+    def fail(self, lost: int, back_at: float) -> None:
+        """Slice ``lost`` goes down until ``back_at``; the strategy recovers if the job used it."""
+        self.down_until[lost] = max(self.down_until[lost], back_at)
+        coordinator = lost == self.coordinator
+        if not coordinator and (lost >= self.n or lost in self.missing):
+            return  # a slice the job does not use
+        self._stop_step()
+        if coordinator or self.sc.restarts_on_every_failure:
+            self._restart(self.sc.costs.recovery if self.sc.strategy == "full_restart" else self.sc.restart)
+        elif self.sc.strategy == "pause_resume":
+            self._pause()
+        else:
+            self._scale_down()
+
+    def _stop_step(self) -> None:
+        """The step under way is lost; a save under way is discarded."""
+        if self.saving is not None:
+            self.base, self.done, self.saving = self.base + self.sc.period, 0.0, None
+            return
+        whole = math.floor(self.done)
+        self.productive -= (self.done - whole) * self.step_s
+        self.done = whole
+
+    def _roll_back(self) -> None:
+        """Back to the last checkpoint: the steps since are lost."""
+        lost = self.base + int(self.done) - self.checkpoint
+        self.productive -= lost * self.step_s
+        self.lost += lost
+        self.base, self.done = self.checkpoint, 0.0
+
+    def _restart(self, cost: RecoveryCost | None) -> None:
+        """Every process starts again, once every slice is back, and restores the last checkpoint."""
+        cost = cost or RecoveryCost()
+        self._roll_back()
+        self.missing = frozenset()
+        started = self.t + self.sc.detection_s(cost) + cost.other_s + cost.restart_s + self.sc.runtime.barrier_s(self.n)
+        ready = max(started, float(self.down_until.max()))
+        self.busy_until = ready + cost.compile_s + (cost.restore_s if self.checkpoint else 0.0)
+        self._new_processes(self.busy_until)
+
+    def _pause(self) -> None:
+        """Wait until every slice is back, then go on from a replica (or the checkpoint, if none lived)."""
+        cost = self.sc.costs.recovery or RecoveryCost()
+        slices_back = float(self.down_until[: self.n].max())
+        if (self.down_until[: self.n] > self.t).all():
+            self._roll_back()
+        after_wait = max(self.t + self.sc.detection_s(cost), slices_back)
+        self.busy_until = after_wait + cost.remesh_s + cost.compile_s + cost.restore_s + cost.other_s
+
+    def _scale_down(self) -> None:
+        """Go on at once on the live slices (the lost stay out where they cannot rejoin)."""
+        cost = self.sc.costs.recovery or RecoveryCost()
+        down = frozenset(int(i) for i in np.flatnonzero(self.down_until[: self.n] > self.t))
+        missing = down if self.sc.runtime.rejoin else self.missing | down
+        if len(missing) == self.n:
+            self._restart(self.sc.restart)  # nothing left to go on with: the job is started again
+            return
+        self.missing = missing
+        meshed = self.t + self.sc.detection_s(cost) + self.sc.runtime.barrier_s(self.n) + cost.remesh_s
+        compiled = meshed + cost.compile_s + self._compile_wait(missing, meshed)
+        self.busy_until = compiled + cost.restore_s + cost.other_s
+
+    def _scale_up(self) -> None:
+        """Move back onto the missing slices that are back, at the step boundary now."""
+        if self.busy_until > self.t or not (self.sc.strategy == "scale_down" and self.sc.runtime.rejoin):
+            return
+        missing = frozenset(i for i in self.missing if self.down_until[i] > self.t)
+        if missing == self.missing:
+            return
+        self.missing = missing
+        self.busy_until = self.t + self.sc.costs.scale_up_s + self._compile_wait(missing, self.t)
+
+    # ---- compiled layouts
+
+    def _new_processes(self, at: float) -> None:
+        """New processes: only the full layout is compiled; compile-ahead starts its backlog at ``at``."""
+        self.compiled = {frozenset()}
+        compile_s = self.sc.costs.layout_compile_s
+        ahead = self.sc.strategy == "scale_down" and self.sc.compile_ahead and self.n > 1
+        self.ahead = {frozenset((i,)): at + (i + 1) * compile_s for i in range(self.n)} if ahead else {}
+
+    def _compile_wait(self, layout: frozenset[int], at: float) -> float:
+        """Seconds from ``at`` until the step for ``layout`` is compiled, beyond a look-up."""
+        if layout in self.compiled:
+            return 0.0
+        self.compiled.add(layout)
+        ready = self.ahead.get(layout)
+        return self.sc.costs.layout_compile_s if ready is None else max(0.0, ready - at)
+
+    def outcome(self, wall_s: float) -> Outcome:
+        """What the job did by ``wall_s``."""
+        return Outcome(
+            wall_s=float(wall_s), productive_s=float(self.productive), steps=self.base + int(self.done),
+            full_step_s=self.sc.costs.step_s, lost_steps=self.lost,
+            saves=self.saves,
+        )
