@@ -98,7 +98,7 @@ class Chaos:
 
     @et.hookimpl
     def et_run_start(self, trainer: et.Trainer) -> None:
-        """Check that the cluster can lose slices and has the ones scheduled."""
+        """Check that the cluster can lose slices and has the ones scheduled, at steps the run reaches."""
         if not isinstance(trainer.cluster, et.AbstractInjectableCluster):
             raise et.ConfigError(
                 f"chaos needs a cluster that can lose slices (cluster=simulated or cluster=multiprocess), "
@@ -112,6 +112,11 @@ class Chaos:
             if failure.slice >= slices:
                 raise et.ConfigError(f"chaos failure at step {failure.at_step} names slice {failure.slice}, "
                                      f"but the cluster has slices 0 to {slices - 1}.")
+            last = trainer.steps if failure.phase.startswith("checkpoint") else trainer.steps - 1  # step N is saved
+            if failure.at_step > last:
+                raise et.ConfigError(f"chaos failure at step {failure.at_step} ({failure.phase}) would never strike: "
+                                     f"with trainer.steps={trainer.steps} the last {failure.phase} is at step {last}; "
+                                     "schedule it earlier or raise trainer.steps.")
 
     @et.hookimpl
     def et_step_start(self, trainer: et.Trainer, step: int) -> None:

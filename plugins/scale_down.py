@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import elastic_trainer as et
 
 BATCH_POLICIES = ("keep_global", "keep_per_device")
@@ -51,12 +53,16 @@ class ScaleDown:
 
     @et.hookimpl
     def et_run_start(self, trainer: et.Trainer) -> None:
-        """Check that the cluster has enough slices to ever satisfy ``min_slice_count``."""
-        slices = len(trainer.cluster.slice_devices())
-        if self.min_slice_count > slices:
+        """Check that the cluster has enough slices to ever satisfy ``min_slice_count``, and, under
+        ``keep_global``, that the global batch divides over every device count the run may scale down to."""
+        slices = trainer.cluster.slice_devices()
+        if self.min_slice_count > len(slices):
             raise et.ConfigError(
-                f"strategy.min_slice_count ({self.min_slice_count}) is above the cluster's {slices} slices."
+                f"strategy.min_slice_count ({self.min_slice_count}) is above the cluster's {len(slices)} slices."
             )
+        if self.batch_policy == "keep_global":  # keep_per_device shrinks the batch with the devices
+            _check_batch_divides(trainer.global_batch_size, devices_per_slice=len(slices[0]),
+                                slice_counts=range(self.min_slice_count, len(slices) + 1))
 
     @et.hookimpl
     def et_choose_recovery(self, failure: et.Failure) -> et.RecoveryPlan:
@@ -82,3 +88,17 @@ class ScaleDown:
         if self.scale_up and len(healthy_slices) > len(trainer.slices):
             return healthy_slices
         return None
+
+
+def _check_batch_divides(batch_size: int, *, devices_per_slice: int, slice_counts: range) -> None:
+    """Raise :class:`et.ConfigError` unless ``batch_size`` divides over the devices of each of ``slice_counts``."""
+    device_counts = [count * devices_per_slice for count in slice_counts]
+    for count, devices in reversed(list(zip(slice_counts, device_counts))):  # where failures go first
+        if batch_size % devices:
+            raise et.ConfigError(
+                f"trainer.global_batch_size ({batch_size}) must be divisible by the {devices} devices of {count} "
+                f"slices, and by every device count scale_down may scale to (strategy.min_slice_count="
+                f"{slice_counts.start} to {slice_counts.stop - 1} slices); choose a multiple of "
+                f"{math.lcm(*device_counts)}, raise strategy.min_slice_count or set "
+                "strategy.batch_policy=keep_per_device."
+            )
