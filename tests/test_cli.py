@@ -59,8 +59,12 @@ def test_bad_input_fails_fast_with_one_sentence(tmp_path, override, message):
     assert not (tmp_path / "report.json").exists()
 
 
-def test_group_check_leaves_key_overrides_and_search_paths_to_hydra():
+def test_group_check_leaves_key_overrides_alone_and_sees_the_command_lines_search_path(tmp_path):
     check_group_choices(["cluster.slices=3", "trainer.steps=5", "hydra.run.dir=x"])
-    check_group_choices(["hydra.searchpath=[file:///elsewhere]", "+strategy=theirs"])
+    (tmp_path / "strategy").mkdir()
+    (tmp_path / "strategy" / "theirs.yaml").write_text("_target_: theirs.Strategy\n")
+    check_group_choices([f"hydra.searchpath=[file://{tmp_path}]", "+strategy=theirs"])
+    with pytest.raises(ConfigError, match="there is no strategy 'theirs'"):
+        check_group_choices(["+strategy=theirs"])
     with pytest.raises(ConfigError, match="there is no cluster 'nowhere'; choose one of: .*simulated"):
         check_group_choices(["-m", "cluster=simulated,nowhere"])

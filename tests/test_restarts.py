@@ -51,7 +51,8 @@ def test_scale_down_then_an_undeclared_restart_finishes_every_step_in_a_second_w
     report = report_of(run_dir / "report.json")
     assert (report["strategy"], report["steps_completed"], report["workers"]) == ("scale_then_restart", 60, 2)
     scaled, restarted = report["failures"]
-    assert (scaled["step"], scaled["action"], scaled["slices_before"], scaled["slices_after"]) == (20, "scale_down", 4, 3)
+    assert (scaled["step"], scaled["action"], scaled["slices_before"], scaled["slices_after"]) == (
+        20, "scale_down", 4, 3)
     assert (restarted["step"], restarted["action"], restarted["restored_from"], restarted["lost_steps"]) == (
         35, "restart", "checkpoint", 5)
     assert (restarted["slices_before"], restarted["slices_after"]) == (3, 4)  # the new worker trains on 4

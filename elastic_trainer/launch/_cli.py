@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import gc
 import importlib.metadata
@@ -18,11 +19,11 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.core.object_type import ObjectType
 from hydra.types import RunMode
 from hydra.core.override_parser.overrides_parser import OverridesParser
-from hydra.core.override_parser.types import OverrideType
+from hydra.core.override_parser.types import Override, OverrideType
 from hydra.errors import ConfigCompositionException, HydraException
 from hydra.plugins.config_source import ConfigSource
 from omegaconf import DictConfig
-from omegaconf.errors import OmegaConfBaseException
+from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException
 
 from ..config._build import build_strategy, build_trainer
 from ..config._schemas import check_config, omegaconf_message, register_configs
@@ -153,57 +154,93 @@ def check_group_choices(overrides: list[str]) -> None:
 
     Hydra reports this too, but as several lines with its search path; this
     says it in one sentence and suggests the closest option. The options are
-    those Hydra sees, including the groups and options that installed Hydra
-    searchpath plugins add (a third-party strategy). Overrides that extend the
-    search path are left to Hydra, which alone sees those options.
+    those Hydra sees: the built-in ones, those that installed Hydra searchpath
+    plugins add (a third-party strategy) and those of the command line's
+    ``hydra.searchpath``. With ``--config-dir``, which only Hydra's own
+    argument parser reads, the check is left to Hydra.
     """
-    if any(o.startswith(("hydra.searchpath", "--config-dir", "-cd")) for o in overrides):
+    if any(o.startswith(("--config-dir", "-cd")) for o in overrides):
         return
     try:
         parsed = OverridesParser.create().parse_overrides([o for o in overrides if not o.startswith("-")])
     except HydraException:
         return  # a syntax error: Hydra explains it
+    search_path = [o.input_line for o in parsed if o.key_or_group == "hydra.searchpath"]
     with initialize_config_module(CONFIG_MODULE, version_base=None):
         loader = GlobalHydra.instance().config_loader()
-        groups = set(loader.list_groups("")) - {"hydra"}
+
+        def options(group: str, kind: ObjectType = ObjectType.CONFIG) -> list[str]:
+            return loader.get_group_options(group, results_filter=kind, config_name="config", overrides=search_path)
+
+        groups = set(options("", ObjectType.GROUP)) - {"hydra"}
         for override in parsed:
             group = override.key_or_group
             if group not in groups or override.is_delete():
                 continue
             choices = list(override.sweep_string_iterator()) if override.is_sweep_override() else [override.value()]
-            options = loader.get_group_options(group)
             prefix = {OverrideType.ADD: "+", OverrideType.FORCE_ADD: "++"}.get(override.type, "")
             for choice in choices:
-                if choice not in options:
-                    raise ConfigError(_unknown_option_message(group, str(choice), options, prefix=prefix))
+                if choice not in options(group):
+                    raise ConfigError(_unknown_option_message(group, str(choice), options(group), prefix=prefix))
 
 
 def check_values(overrides: list[str]) -> None:
-    """Raise :class:`ConfigError` when an override's value does not fit its schema (``trainer.steps=ten``).
+    """Raise :class:`ConfigError` when an override names a key the config does not have (the closest one
+    suggested) or gives a value that does not fit its schema (``trainer.steps=ten``).
 
-    Hydra reports this too, but in several lines and with exit status 1; this
-    composes the config first and says it in one sentence. Sweeps are left to
-    Hydra, which expands them first.
+    Hydra reports these too, but in several lines and with exit status 1; this
+    composes the config first (with the command line's ``hydra.searchpath``)
+    and says it in one sentence. Sweeps are left to Hydra, which expands them
+    first.
     """
     arguments = [o for o in overrides if not o.startswith("-")]
-    if len(arguments) < len(overrides) or any(o.startswith("hydra.searchpath") for o in arguments):
-        return  # -m, --cfg job, --config-dir ..., options from other search paths: Hydra's own business
+    if len(arguments) < len(overrides):
+        return  # -m, --cfg job, --config-dir ...: Hydra's own business
     try:
-        if any(o.is_sweep_override() for o in OverridesParser.create().parse_overrides(arguments)):
-            return
+        parsed = OverridesParser.create().parse_overrides(arguments)
     except HydraException:
         return  # a syntax error: Hydra explains it
+    if any(o.is_sweep_override() for o in parsed):
+        return
     with initialize_config_module(CONFIG_MODULE, version_base=None):
         try:
             compose("config", overrides=arguments)
         except ConfigCompositionException as error:
             cause = error.__cause__
             if isinstance(cause, OmegaConfBaseException) and cause.full_key:
-                override = str(error).removeprefix("Error merging override ").split("=")[0].lstrip("+~")
-                key = cause.full_key if cause.full_key.startswith(override) else f"{override} ({cause.full_key})"
-                raise ConfigError(omegaconf_message(cause, key)) from error
+                raise ConfigError(_override_message(cause, _failed_key(error, parsed))) from error
         except Exception:  # noqa: BLE001 - anything else: Hydra composes again and explains it
             return
+
+
+def _failed_key(error: ConfigCompositionException, overrides: list[Override]) -> str:
+    """The key of the override that Hydra could not apply (its message quotes the override, or its key)."""
+    message = str(error)
+    return next((o.key_or_group for o in overrides if o.input_line in message or f"'{o.key_or_group}'" in message), "")
+
+
+def _override_message(cause: OmegaConfBaseException, override: str) -> str:
+    """One sentence for an override of key ``override`` that OmegaConf refused with ``cause``."""
+    # the key in the config, dotted as an override writes it (strategy.strategies[0] -> strategy.strategies.0)
+    key = cause.full_key.replace("[", ".").replace("]", "")
+    within = override.startswith(key) or key.startswith(override)  # else a key inside the value (a list's entry)
+    if isinstance(cause, (ConfigKeyError, ConfigAttributeError)) and cause.parent_node is not None:
+        if not within:
+            return _unknown_key_message(cause, where=f"a {override} entry", path="")
+        parent = key.rpartition(".")[0]
+        return _unknown_key_message(cause, where=parent or "the config", path=f"{parent}." if parent else "",
+                                    may_add=not dataclasses.is_dataclass(cause.object_type))
+    return omegaconf_message(cause, cause.full_key if within else f"{override} ({cause.full_key})")
+
+
+def _unknown_key_message(cause: OmegaConfBaseException, *, where: str, path: str, may_add: bool = False) -> str:
+    """``where`` has no key ``cause.key``: the closest of its keys suggested (written ``path`` + key), and, for
+    a config without a schema (``may_add``), how to add the key instead."""
+    name, keys = str(cause.key), [str(k) for k in cause.parent_node.keys() if not str(k).startswith("_")]
+    close = difflib.get_close_matches(name, keys, n=1)
+    hint = f" (did you mean {path}{close[0]}?)" if close else ""
+    add = f", or add it with +{path}{name}=<value>" if may_add else ""
+    return f"{where} has no key {name!r}{hint}; its keys are: {', '.join(keys)}{add}."
 
 
 def _unknown_option_message(group: str, choice: str, options: list[str], *, prefix: str) -> str:
