@@ -29,8 +29,15 @@ class Fallback:
         self.strategies = list(strategies)
         self.name = "->".join(getattr(s, "name", type(s).__name__) for s in self.strategies)
         restarting = [s for s in self.strategies if et.restarts_process(s)]
-        self.restarts_process = bool(restarting)  # et.RestartingStrategy: a member may restart the process
-        self.max_restarts = restarting[0].max_restarts if restarting else 0
+        if restarting:  # et.RestartingStrategy, as its first restarting member declares
+            self.restarts_process, self.max_restarts = True, restarting[0].max_restarts
+
+    @et.hookimpl
+    def et_run_start(self, trainer: et.TrainerView) -> None:
+        """Let every member check the run (``scale_down``: its batch and ``min_slice_count``)."""
+        for strategy in self.strategies:
+            if hasattr(strategy, "et_run_start"):
+                _call(strategy.et_run_start, trainer=trainer)
 
     @et.hookimpl
     def et_choose_recovery(self, trainer: et.Trainer, failure: et.Failure) -> et.RecoveryPlan:

@@ -82,6 +82,8 @@ class TensorBoard(AbstractMetricsSink):
 
     def __init__(self, every: int = 1, log_dir: str | None = None):
         super().__init__(every)
+        if log_dir is not None and Path(log_dir).is_file():
+            raise et.ConfigError(f"logger.log_dir {log_dir} is a file, not a directory; point it at a directory.")
         self.log_dir = log_dir
         self._writer = None
 

@@ -163,6 +163,9 @@ BAD_VALUES = [
     ("chaos/chaos.steps_per_failure", ["+chaos=periodic", "chaos.steps_per_failure=-1"],
      "chaos.mean_steps_between_failures, chaos.steps_per_failure and chaos.random_down_for_s must not be negative."),
     ("chaos/chaos.seed", ["+chaos=random", "chaos.seed=-1"], "chaos.seed must be at least 0, got -1."),
+    ("logger/tensorboard.every", ["+logger=tensorboard", "logger.every=0"], "logger.every must be at least 1, got 0."),
+    ("logger/tensorboard.log_dir", ["+logger=tensorboard", "logger.log_dir={file}"],
+     "logger.log_dir {file} is a file, not a directory; point it at a directory."),
     ("chaos/chaos.failures[].at_step", ["+chaos=schedule", "chaos.failures=[{at_step: -1, slice: 0}]"],
      "chaos failure ScheduledFailure(at_step=-1,"),
     ("chaos/chaos.failures[].at_step", ["+chaos=schedule", "chaos.failures=[{slice: 0}]"], "chaos.failures[0].at_step has no value; give it one."),
@@ -186,6 +189,7 @@ BAD_GROUP_OPTIONS = [
     ("config.loss", "loss=next_tokens", "there is no loss 'next_tokens' (did you mean loss=next_token?)"),
     ("config.strategy", "+strategy=scale_dwon", "there is no strategy 'scale_dwon' (did you mean +strategy=scale_down?)"),
     ("config.chaos", "+chaos=schedul", "there is no chaos 'schedul' (did you mean +chaos=schedule?)"),
+    ("config.logger", "+logger=tensorbord", "there is no logger 'tensorbord' (did you mean +logger=tensorboard?)"),
 ]
 
 def schema_fields() -> set[str]:

@@ -355,7 +355,8 @@ def test_keep_per_device_shrinks_the_global_batch_without_skipping_samples(tiny_
 
 
 def test_chaos_and_scale_down_reject_impossible_configurations(tiny_trainer_kwargs):
-    trainer = et.Trainer(**tiny_trainer_kwargs(strategy=ScaleDown(compile_ahead=False), plugins=[chaos(lose(7))]))
+    trainer = et.Trainer(**tiny_trainer_kwargs(global_batch_size=BATCH, strategy=ScaleDown(compile_ahead=False),
+                                               plugins=[chaos(lose(7))]))
     with pytest.raises(et.ConfigError, match="slice 7"):
         trainer.fit()
     with pytest.raises(et.ConfigError, match="lunch"):
