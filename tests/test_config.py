@@ -11,7 +11,7 @@ from elastic_trainer.config._schemas import Config, register_configs
 CONF_DIR = Path(__file__).parents[1] / "conf"
 # benchmark options are multirun sweeps that read Hydra's own config: tests/test_benchmark.py runs them
 GROUPS = sorted(p.name for p in CONF_DIR.iterdir() if p.is_dir() and any(p.glob("*.yaml")) and p.name != "benchmark")
-APPENDED_GROUPS = {"strategy", "chaos"}  # not in the defaults list: selected with +group=option
+APPENDED_GROUPS = {"strategy", "chaos", "logger"}  # not in the defaults list: selected with +group=option
 
 
 def compose_config(*overrides):
