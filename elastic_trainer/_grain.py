@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib
 import sys
 from collections.abc import Iterator
 from typing import Any
@@ -12,17 +11,13 @@ import numpy as np
 from jaxtyping import PyTree
 
 from ._data import AbstractDataset
+from ._extras import import_extra
 from ._failures import ConfigError
 
 
 def _grain() -> Any:
     """``grain``, imported when first used: it is an optional extra."""
-    try:
-        return importlib.import_module("grain")
-    except ImportError as error:
-        raise ConfigError(
-            f"GrainDataset needs grain ({error}); install it with pip install 'elastic-trainer[grain]'."
-        ) from error
+    return import_extra("grain", needed_by="GrainDataset", package="grain", extra="grain")
 
 
 def _lineage(dataset: Any) -> Iterator[object]:

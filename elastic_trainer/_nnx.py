@@ -2,21 +2,18 @@
 
 from __future__ import annotations
 
-import importlib
 from typing import Any
 
 import equinox as eqx
 import jax
 
+from ._extras import import_extra
 from ._failures import ConfigError
 
 
 def _nnx() -> Any:
     """``flax.nnx``, imported when first used: Flax is an optional extra."""
-    try:
-        return importlib.import_module("flax.nnx")
-    except ImportError as error:
-        raise ConfigError(f"NnxModel needs Flax ({error}); install it with pip install 'elastic-trainer[flax]'.") from error
+    return import_extra("flax.nnx", needed_by="NnxModel", package="Flax", extra="flax")
 
 
 class NnxModel(eqx.Module):

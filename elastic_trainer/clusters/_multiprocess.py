@@ -43,6 +43,37 @@ def _wait_quietly(arrays: PyTree) -> None:
         pass
 
 
+def _processes_behind(client, processes: set[int], dispatched: int) -> list[int]:
+    """Those of ``processes`` that have not noted step ``dispatched`` as dispatched within :data:`STUCK_GRACE_S`."""
+    deadline = time.monotonic() + STUCK_GRACE_S
+    behind = set(processes)
+    while behind and time.monotonic() < deadline:
+        for process in sorted(behind):
+            try:
+                if int(client.key_value_try_get(f"{_KEY}dispatched/{process}")) >= dispatched:
+                    behind.discard(process)
+            except Exception:  # noqa: BLE001 - the runtime raises a plain error for a missing key
+                pass
+        time.sleep(0.05)
+    return sorted(behind)
+
+
+def _kill_if_stuck(client, process: int) -> None:
+    """SIGKILL ``process`` if it lives on this host and is not dead already, and note that it was stuck."""
+    host, pid = client.blocking_key_value_get(f"{_KEY}pid/{process}", 1000).split()
+    if host != socket.gethostname():
+        print(f"elastic_trainer: process {process} on {host} did not reach the step; waiting until it is "
+              "known dead (a stuck process on another host must be killed by the scheduler)", file=sys.stderr)
+        return
+    try:
+        if psutil.Process(int(pid)).status() in (psutil.STATUS_ZOMBIE, psutil.STATUS_DEAD):
+            return  # dead already, not stuck
+        os.kill(int(pid), signal.SIGKILL)
+        client.key_value_set(f"{_KEY}stuck/{process}", "killed", allow_overwrite=True)
+    except (psutil.NoSuchProcess, ProcessLookupError):
+        pass  # dead already, not stuck
+
+
 class MultiprocessCluster(AbstractInjectableCluster):
     """Slices made of processes of a multi-controller JAX job (``jax.distributed``).
 
@@ -291,30 +322,9 @@ class MultiprocessCluster(AbstractInjectableCluster):
         another host is left to the scheduler (the barrier that follows
         waits until it is gone).
         """
-        client, me = self._client(), jax.process_index()
-        deadline = time.monotonic() + STUCK_GRACE_S
-        behind = set(self._live - {me})
-        while behind and time.monotonic() < deadline:
-            for process in sorted(behind):
-                try:
-                    if int(client.key_value_try_get(f"{_KEY}dispatched/{process}")) >= self._dispatched:
-                        behind.discard(process)
-                except Exception:  # noqa: BLE001 - the runtime raises a plain error for a missing key
-                    pass
-            time.sleep(0.05)
-        for process in sorted(behind):
-            host, pid = client.blocking_key_value_get(f"{_KEY}pid/{process}", 1000).split()
-            if host != socket.gethostname():
-                print(f"elastic_trainer: process {process} on {host} did not reach the step; waiting until it is "
-                      "known dead (a stuck process on another host must be killed by the scheduler)", file=sys.stderr)
-                continue
-            try:
-                if psutil.Process(int(pid)).status() in (psutil.STATUS_ZOMBIE, psutil.STATUS_DEAD):
-                    continue  # dead already, not stuck
-                os.kill(int(pid), signal.SIGKILL)
-                client.key_value_set(f"{_KEY}stuck/{process}", "killed", allow_overwrite=True)
-            except (psutil.NoSuchProcess, ProcessLookupError):
-                pass  # dead already, not stuck
+        client = self._client()
+        for process in _processes_behind(client, self._live - {jax.process_index()}, self._dispatched):
+            _kill_if_stuck(client, process)
 
     # ------------------------------------------------------------------ failure injection
 

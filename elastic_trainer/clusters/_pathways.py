@@ -9,17 +9,16 @@ from typing import Any
 import jax
 
 from ._base import AbstractCluster
+from .._extras import import_extra
 from .._failures import ConfigError, Failure
 from ..hookspecs import hookimpl
 
 
 def _pathwaysutils_elastic() -> Any:
-    try:
-        return importlib.import_module("pathwaysutils.elastic.elastic")
-    except ImportError as error:
-        raise ConfigError(
-            f"cluster=pathways needs pathwaysutils ({error}); install it with pip install 'elastic-trainer[pathways]'."
-        ) from error
+    """``pathwaysutils``' elastic module, imported when first used: an optional extra."""
+    return import_extra(
+        "pathwaysutils.elastic.elastic", needed_by="cluster=pathways", package="pathwaysutils", extra="pathways"
+    )
 
 
 class PathwaysCluster(AbstractCluster):
