@@ -25,6 +25,8 @@ from ._failures import (
     SliceLostError as SliceLostError,
     TrainingStopped as TrainingStopped,
 )
+from ._preemption import Preempted as Preempted
+from ._run_lock import RunLockedError as RunLockedError, StaleLockWarning as StaleLockWarning
 from ._goodput import BADPUT_CATEGORIES as BADPUT_CATEGORIES, GoodputClock as GoodputClock
 from ._report import report_events as report_events, summary_table as summary_table, write_report as write_report
 from ._mesh import DEVICE_AXIS as DEVICE_AXIS, SLICE_AXIS as SLICE_AXIS, make_mesh as make_mesh

@@ -7,7 +7,9 @@ and everything after a failure in ``_recovery.py`` (docs/architecture.md).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import signal
 import time
 from collections.abc import Iterable
 from pathlib import Path
@@ -30,10 +32,12 @@ from ._layouts import Layouts
 from ._ledger import SampleLedger
 from ._mesh import WithinSlice, put_on
 from ._plugins import GuardedHooks, make_plugin_manager, registers_hooks, strategy_name
+from ._preemption import Preempted, PreemptionWatch, stop_signals
 from ._records import FailureLog, LoopState, StepHistory
 from ._report import run_report
 from ._recovery import TrainingContext, finish_recovery, survive
 from ._run_checkpoints import NoReadableCheckpoint, RunCheckpoints, refuse_to_overwrite
+from ._run_lock import hold_run_locks
 from .config._settings import check_trainer_settings
 from ._snapshots import HostSnapshots
 from ._state import TrainState, init_train_state
@@ -84,6 +88,14 @@ class Trainer:
     :param run_dir: where plugins write files (``report.json``); none if ``None``.
     :param started_at: when the wall clock starts (``time.time()``); the call
         to :meth:`fit` if ``None``.
+    :param preemption_signal: a signal that stops training like SIGTERM and
+        Ctrl-C do (``"SIGUSR1"``): at the next step boundary, with a checkpoint
+        of the last committed step (:class:`~elastic_trainer.Preempted`).
+
+    With a checkpointer, :meth:`fit` holds the lock of the checkpoint
+    directory and of ``run_dir`` for the run's life (process 0 of several),
+    unless the job that started this process holds them: another run on
+    either is refused with :class:`~elastic_trainer.RunLockedError`.
     """
 
     def __init__(
@@ -107,6 +119,7 @@ class Trainer:
         resume: bool = False,
         run_dir: str | Path | None = None,
         started_at: float | None = None,
+        preemption_signal: str | int | None = None,
     ):
         check_trainer_settings(steps=steps, global_batch_size=global_batch_size, snapshot_period=snapshot_period,
                                step_timeout_s=step_timeout_s, within_slice=within_slice)
@@ -119,6 +132,7 @@ class Trainer:
         self.checkpointer, self.resume = checkpointer, resume
         self.run_dir = None if run_dir is None else Path(run_dir)
         self.started_at = started_at
+        self.stop_signals = stop_signals(preemption_signal)
         self.plugin_manager = make_plugin_manager(plugins) if plugin_manager is None else plugin_manager
         self.strategy = strategy
         if strategy is not None:
@@ -164,13 +178,32 @@ class Trainer:
         """Train until ``steps`` steps are completed; returns the state and report.
 
         Raises :class:`TrainingStopped` (with the report attached) when a failure
-        stops training before the last step.
+        stops training before the last step, and :class:`Preempted` when a stop
+        signal did (SIGTERM, Ctrl-C, ``preemption_signal``), once the last
+        committed step is saved.
         """
+        with self._directory_locks(), PreemptionWatch(self.stop_signals) as preemption:
+            return self._fit(preemption)
+
+    def _directory_locks(self) -> contextlib.AbstractContextManager:
+        """The locks of the checkpoint directory and the run directory, taken by process 0 (with a
+        checkpointer, JAX has started: it knows which process this is)."""
+        if self.checkpointer is None or jax.process_index() != 0:
+            return contextlib.nullcontext()
+        directories = [(self.checkpointer.directory, "the checkpoint directory")]
+        return hold_run_locks(directories + ([(self.run_dir, "run_dir")] if self.run_dir else []))
+
+    def _fit(self, preemption: PreemptionWatch) -> FitResult:
         state = self._start()
         phases = {"checkpoint_restore": self._resume, "train_step": self._train, "checkpoint_save": self._save}
         stopped: TrainingStopped | None = None
+        forced_save = False
         try:
             while not state.whole or state.save_due or state.step < self.steps:
+                if state.at_boundary and preemption.stops_at(state.step):
+                    if not self._save_before_stopping(state.step) or forced_save:
+                        raise self._preempted(state.step, preemption.signum)
+                    state, forced_save = dataclasses.replace(state, save_due=True, at_boundary=False), True
                 if state.at_boundary and state.step < self.steps:
                     state = self._ctx.layouts.maybe_resize(state)
                 phase = _next_phase(state)
@@ -185,6 +218,27 @@ class Trainer:
             if isinstance(stop, RestartRequested):  # the state goes back to the last checkpoint
                 state = dataclasses.replace(state, step=stop.resume_step, position=self.ledger.end_position())
         return self._finish(state, stopped)
+
+    def _save_before_stopping(self, step: int) -> bool:
+        """Whether step ``step`` must be saved before a stop signal ends the run (it is not a committed
+        checkpoint yet, once the saves under way have committed)."""
+        if self.checkpointer is None:
+            return False
+        with self._ctx.clock.measure("checkpoint_save"):
+            self.checkpointer.wait()
+        return step not in self.checkpointer.steps_newest_first()
+
+    def _preempted(self, step: int, signum: int) -> Preempted:
+        """What a stop signal ends the run with, once it stopped after step ``step``: where it goes on from."""
+        name = signal.Signals(signum).name
+        if self.checkpointer is None:
+            return Preempted(f"stopped by {name} after step {step}, with no checkpoint (checkpoints are off).",
+                             signum=signum)
+        latest = self.checkpointer.latest_step()
+        where = (f"saved as a checkpoint in {self.checkpointer.directory}" if latest == step else
+                 f"whose save failed, so a resume goes on from {f'step {latest}' if latest else 'the start'}")
+        return Preempted(f"stopped by {name} after step {step}, {where}; continue with "
+                         "checkpoint.resume=true.", signum=signum)
 
     def _start(self) -> LoopState:
         """Start JAX, build the run's collaborators and the first layout; the loop's first state."""

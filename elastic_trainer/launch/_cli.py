@@ -6,6 +6,8 @@ import dataclasses
 import difflib
 import gc
 import importlib.metadata
+import os
+import signal
 import sys
 import time
 from pathlib import Path
@@ -28,12 +30,14 @@ from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBase
 from ..config._build import build_strategy, build_trainer
 from ..config._schemas import check_config, omegaconf_message, register_configs
 from .._failures import ConfigError, PluginError, RestartRequested, TrainingStopped
+from .._preemption import Preempted, exit_status, stop_signals
+from .._run_lock import hold_run_locks
 from .._protocols import restarts_process
 from .._plugins import (
     DISABLE_AUTOLOAD_ENV, ENTRY_POINT_GROUP, LOAD_PLUGINS_ENV, describe_plugins, make_plugin_manager, strategy_name,
 )
 from ._launcher import launch
-from ._processes import Terminated, die_with_parent
+from ._processes import die_with_parent
 from ._supervisor import DEFAULT_MAX_RESTARTS, RESTART_EXIT_CODE, is_worker, supervise
 
 CONFIG_MODULE = "elastic_trainer_conf"
@@ -42,7 +46,6 @@ EXIT_BAD_INPUT = 2
 EXIT_TRAINING_STOPPED = 3
 REGROUPS_WITHOUT_RESTARTS = 10
 """How often a multi-process job whose strategy restarts no process may be re-formed (a wait for lost processes)."""
-EXIT_TERMINATED = 143  # 128 + SIGTERM, as a shell reports a process ended by SIGTERM
 
 
 def _job_started_at() -> float:
@@ -52,7 +55,24 @@ def _job_started_at() -> float:
     none is charged for it)."""
     if HydraConfig.get().mode == RunMode.MULTIRUN:
         return time.time()
-    return psutil.Process().create_time()
+    return process_started_at()
+
+
+def process_started_at() -> float:
+    """When this process started, on the ``time.time()`` clock, exact to the kernel's clock tick (10 ms).
+
+    psutil's ``create_time()`` adds the start's clock ticks to ``/proc/stat``'s
+    boot time, which is whole seconds, so it can read up to 1 s early. Here
+    both ends are relative to boot: ``/proc/self/stat``'s ``starttime`` (clock
+    ticks after boot) against ``/proc/uptime`` (seconds after boot) read now,
+    taken from ``time.time()`` now. Without ``/proc`` (macOS): psutil's.
+    """
+    try:
+        uptime_s, now = float(Path("/proc/uptime").read_text().split()[0]), time.time()
+        start_ticks = int(Path("/proc/self/stat").read_text().rpartition(")")[2].split()[19])  # field 22
+        return now - (uptime_s - start_ticks / os.sysconf("SC_CLK_TCK"))
+    except (OSError, ValueError, IndexError):
+        return psutil.Process().create_time()
 
 
 @hydra.main(version_base=None, config_path=f"pkg://{CONFIG_MODULE}", config_name="config")
@@ -66,12 +86,35 @@ def _app(cfg: DictConfig) -> None:
 
 
 def _run(cfg: DictConfig, *, started_at: float) -> int:
-    """Train what ``cfg`` describes, in this process or in workers under it; the job's exit status."""
+    """Train what ``cfg`` describes, in this process or in workers under it, holding the locks of its
+    directories (taken before anything else: JAX has not started); the job's exit status."""
+    run_dir = Path(HydraConfig.get().runtime.output_dir)
+    with hold_run_locks(_job_directories(cfg, run_dir)):
+        return _run_locked(cfg, run_dir=run_dir, started_at=started_at)
+
+
+def _job_directories(cfg: DictConfig, run_dir: Path) -> list[tuple[Path, str]]:
+    """The directories a job locks, with their names for a message: its run and checkpoint directories.
+
+    None for a process that a scheduler started (``cluster.launcher=none``):
+    the job has several such processes and none knows which it is before
+    JAX starts, so process 0's trainer locks them once JAX knows.
+    """
+    if cfg.cluster.get("launcher") == "none":
+        return []
+    directories = [(run_dir, "the run directory (hydra.run.dir)")]
+    if cfg.checkpoint.enabled:  # the checkpointer's own default (config/_build.py)
+        directories.append((Path(cfg.checkpoint.dir or run_dir / "checkpoints"), "checkpoint.dir"))
+    return directories
+
+
+def _run_locked(cfg: DictConfig, *, run_dir: Path, started_at: float) -> int:
+    """:func:`_run`, once the job's directories are locked."""
     hydra_cfg = HydraConfig.get()
     strategy = build_strategy(cfg)
     search_path = [o for o in hydra_cfg.overrides.hydra if o.startswith("hydra.searchpath=")]  # for new processes
-    job = dict(overrides=[*hydra_cfg.overrides.task, *search_path], run_dir=Path(hydra_cfg.runtime.output_dir),
-               started_at=started_at)
+    job = dict(overrides=[*hydra_cfg.overrides.task, *search_path], run_dir=run_dir, started_at=started_at,
+               stop_signals=stop_signals(cfg.trainer.get("preemption_signal")))
     if cfg.cluster.get("launcher") == "local" and not is_worker():
         return _launch(cfg, strategy, job)
     # a strategy may restart the process without declaring it (et.RestartingStrategy): then the default
@@ -86,6 +129,9 @@ def _run(cfg: DictConfig, *, started_at: float) -> int:
         print(f"elastic_trainer: {restart}", file=sys.stderr)
         if not _restarts_here(cfg):
             return RESTART_EXIT_CODE  # the supervisor, launcher or scheduler that started this process restarts it
+    except Preempted as stop:
+        print(f"elastic_trainer: {stop}", file=sys.stderr)
+        return stop.exit_status
     except TrainingStopped as stop:
         print(f"elastic_trainer: training stopped: {stop}", file=sys.stderr)
         return EXIT_TRAINING_STOPPED
@@ -136,9 +182,10 @@ _worst_job_status = 0
 def _end_job(status: int) -> None:
     """End a job with exit status ``status``: a single run exits with it; in a
     multirun the sweep goes on (a stopped job has its report like any other)
-    and the command exits with the worst status once every job has run."""
+    and the command exits with the worst status once every job has run, unless
+    a stop signal ended the job (status 128 + the signal): that ends the sweep."""
     global _worst_job_status
-    if HydraConfig.get().mode == RunMode.MULTIRUN:
+    if HydraConfig.get().mode == RunMode.MULTIRUN and status <= 128:
         _worst_job_status = max(_worst_job_status, status)
     elif status:
         sys.exit(status)
@@ -313,6 +360,7 @@ def main() -> None:
         _fail(str(error))
     try:
         _app()
-    except Terminated:
-        sys.exit(EXIT_TERMINATED)  # the workers were killed on the way out
+    except KeyboardInterrupt:  # Ctrl-C before training started (once it has, the trainer stops at a step)
+        print("elastic_trainer: interrupted before training started; nothing was saved.", file=sys.stderr)
+        sys.exit(exit_status(signal.SIGINT))
     sys.exit(_worst_job_status)

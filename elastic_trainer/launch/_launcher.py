@@ -5,13 +5,15 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import signal
 import socket
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 from ..clusters._multiprocess import COORDINATOR_ENV, PROCESS_ID_ENV
-from ._processes import POLL_S, ProcessGroup, terminate_on_sigterm
+from ._processes import POLL_S, ProcessGroup, StopRequest
 from ._supervisor import EVENTS, RESTART_EXIT_CODE, WORKER_ENV, restart_until_done, worker_file
 
 FOLLOW_S = 120.0
@@ -25,14 +27,19 @@ def free_port() -> int:
         return probe.getsockname()[1]
 
 
-def launch(*, overrides: list[str], run_dir: Path, num_processes: int, max_restarts: int, started_at: float) -> int:
+def launch(
+    *, overrides: list[str], run_dir: Path, num_processes: int, max_restarts: int, started_at: float,
+    stop_signals: Sequence[int],
+) -> int:
     """Run the job's ``num_processes`` processes with ``overrides`` until they end; the exit status.
 
     Process ``i`` runs in ``run_dir/process<i>`` (its own report and log;
     the output of all but process 0 goes to ``stdout.log`` there) and all
     share ``run_dir/checkpoints``. Every process is in a process group of
-    its own, all killed when the launcher ends for any reason (SIGTERM and
-    Ctrl-C included). When the processes ask for a restart (exit status 75:
+    its own, all killed when the launcher ends for any reason. A stop signal
+    (``stop_signals``) is passed on to every process; they agree on a step
+    (JAX's preemption sync), save it and end, and those still running after
+    the grace are killed. When the processes ask for a restart (exit status 75:
     ``full_restart``, or a group that must be re-formed), every process is
     started again, with a new coordination service, and goes on as a full
     restart's worker does (:func:`restart_until_done`). Each attempt's report
@@ -43,9 +50,9 @@ def launch(*, overrides: list[str], run_dir: Path, num_processes: int, max_resta
         overrides = [*overrides, f"checkpoint.dir={run_dir / 'checkpoints'}"]
     exits: list[dict] = []
 
-    def run_attempt(process_overrides: list[str], attempt: int) -> tuple[int, bool]:
+    def run_attempt(process_overrides: list[str], attempt: int, stop: StopRequest) -> tuple[int, bool]:
         codes, exited_at = _run_processes(process_overrides, run_dir=run_dir, num_processes=num_processes,
-                                          attempt=attempt)
+                                          attempt=attempt, stop=stop)
         exits.append({"attempt": attempt, "exit_codes": codes, "exited_at": exited_at})
         survivor = next((i for i in range(num_processes) if (run_dir / f"process{i}" / "report.json").exists()), None)
         if survivor is None:
@@ -56,15 +63,17 @@ def launch(*, overrides: list[str], run_dir: Path, num_processes: int, max_resta
 
     return restart_until_done(
         run_attempt, overrides=overrides, run_dir=run_dir, max_restarts=max_restarts, started_at=started_at,
-        restarting=f"all {num_processes} processes", giving_up="the group",
+        restarting=f"all {num_processes} processes", giving_up="the group", stop_signals=stop_signals,
         report_extras=lambda: {"process_exits": exits},
     )
 
 
-def _run_processes(overrides: list[str], *, run_dir: Path, num_processes: int, attempt: int) -> tuple[list, list]:
+def _run_processes(
+    overrides: list[str], *, run_dir: Path, num_processes: int, attempt: int, stop: StopRequest,
+) -> tuple[list, list]:
     """Start every process and wait for all of them; their exit statuses and when each was seen to end."""
     env = {**os.environ, WORKER_ENV: str(attempt), COORDINATOR_ENV: f"127.0.0.1:{free_port()}"}
-    with terminate_on_sigterm(), ProcessGroup() as group:
+    with ProcessGroup(stop) as group:
         for i in range(num_processes):
             process_dir = run_dir / f"process{i}"
             command = [
@@ -82,6 +91,10 @@ def _run_processes(overrides: list[str], *, run_dir: Path, num_processes: int, a
             if first_end is not None and time.monotonic() - first_end > FOLLOW_S:
                 print(f"elastic_trainer: launcher: processes still running {FOLLOW_S:g} s after another ended; "
                       "killing them", file=sys.stderr, flush=True)
+                break
+            if stop.overdue():
+                print(f"elastic_trainer: launcher: processes still running {stop.grace_s:g} s after "
+                      f"{signal.Signals(stop.signum).name}; killing them", file=sys.stderr, flush=True)
                 break
             time.sleep(POLL_S)
     codes = group.poll()

@@ -9,7 +9,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import IO
 
 POLL_S = 0.05
@@ -34,28 +34,52 @@ def die_with_parent() -> None:
         os._exit(1)
 
 
-class Terminated(BaseException):
-    """The process got SIGTERM; raised so that ``finally`` blocks kill the children first."""
+STOP_GRACE_S = 25.0
+"""After a stop signal, how long the children have to save and end before they are killed: under
+Kubernetes' default ``terminationGracePeriodSeconds`` (30 s), after which the kubelet kills every process."""
 
 
-@contextlib.contextmanager
-def terminate_on_sigterm() -> Iterator[None]:
-    """Turn SIGTERM into :class:`Terminated` inside the block (Ctrl-C is already ``KeyboardInterrupt``).
+class StopRequest:
+    """The stop signal this process received (SIGTERM, Ctrl-C, a preemption signal), passed on to its children.
 
-    Only the main thread can install the handler; elsewhere the block runs unchanged.
+    While entered, a handler for each of ``signals`` notes the first one and
+    sends every signal received to the children of the :class:`ProcessGroup`
+    objects made with this request, which then save and end by themselves
+    (``Trainer.fit`` stops at the next step boundary). :meth:`overdue` says
+    when they have had ``grace_s`` to do so. Handlers are installed only from
+    the main thread (Python allows no other).
     """
-    def raise_terminated(signum, frame):
-        raise Terminated(f"signal {signum}")
 
-    try:
-        previous = signal.signal(signal.SIGTERM, raise_terminated)
-    except ValueError:  # not the main thread
-        yield
-        return
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
+    def __init__(self, signals: Sequence[int], *, grace_s: float = STOP_GRACE_S):
+        self.signals = tuple(signals)
+        self.grace_s = grace_s
+        self.signum: int | None = None
+        self._received_at: float | None = None
+        self.groups: list[ProcessGroup] = []  # the groups open now, whose children get the signals
+        self._previous: dict[int, object] = {}
+
+    def _pass_on(self, signum: int, frame: object) -> None:
+        if self.signum is None:
+            self.signum, self._received_at = signum, time.monotonic()
+        for group in self.groups:
+            group.send(signum)
+
+    def overdue(self) -> bool:
+        """Whether a stop signal came more than ``grace_s`` ago."""
+        return self._received_at is not None and time.monotonic() - self._received_at > self.grace_s
+
+    def __enter__(self) -> StopRequest:
+        for signum in self.signals:
+            try:
+                self._previous[signum] = signal.signal(signum, self._pass_on)
+            except ValueError:  # not the main thread
+                break
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        for signum, previous in self._previous.items():
+            signal.signal(signum, previous)
+        self._previous.clear()
 
 
 class ProcessGroup:
@@ -63,21 +87,33 @@ class ProcessGroup:
 
     :meth:`kill` sends SIGKILL to every group, so whatever a child started
     dies with it; use the group as a context manager to kill on any exit,
-    including an exception, Ctrl-C or (with :func:`terminate_on_sigterm`) SIGTERM.
-    A child that calls :func:`die_with_parent` also dies when its parent is
-    killed outright (SIGKILL), when no ``finally`` runs.
+    including an exception. With a :class:`StopRequest`, the stop signals
+    this process receives are passed on to the children instead, for them
+    to end by themselves. A child that calls :func:`die_with_parent` also
+    dies when its parent is killed outright (SIGKILL), when no ``finally`` runs.
+
+    :param stop: the request whose signals the children get.
     """
 
-    def __init__(self):
+    def __init__(self, stop: StopRequest | None = None):
         self.processes: list[subprocess.Popen] = []
         self.exited_at: dict[int, float] = {}  # index -> time.time() its exit was seen
+        self._stop = stop
 
     def start(self, command: Sequence[str], *, env: Mapping[str, str], stdout: IO | None = None) -> subprocess.Popen:
         """Start ``command`` with environment ``env`` in a new process group; its output to ``stdout`` if given."""
         env = {**env, PARENT_ENV: str(os.getpid())}
         process = subprocess.Popen(list(command), env=env, stdout=stdout, start_new_session=True)
         self.processes.append(process)
+        if self._stop is not None and self._stop.signum is not None:  # it came as the child started
+            self.send(self._stop.signum)
         return process
+
+    def send(self, signum: int) -> None:
+        """Send ``signum`` to every child's process group."""
+        for process in self.processes:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(process.pid, signum)
 
     def poll(self) -> list[int | None]:
         """Every child's exit status (negative: killed by that signal), ``None`` while it runs."""
@@ -97,7 +133,11 @@ class ProcessGroup:
         self.poll()
 
     def __enter__(self) -> ProcessGroup:
+        if self._stop is not None:
+            self._stop.groups.append(self)
         return self
 
     def __exit__(self, *exc_info) -> None:
+        if self._stop is not None:
+            self._stop.groups.remove(self)
         self.kill()

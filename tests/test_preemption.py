@@ -1,0 +1,122 @@
+"""Preemption: a real SIGTERM or Ctrl-C (os.kill) sent to a running command-line run stops it at a step
+boundary with a checkpoint of that step and one sentence; a resume from it loses no step and ends as a run
+without the signal does. In-process: the configured signal, and the stop signals' exit statuses."""
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+from test_bad_input import one_sentence
+from test_cli_recovery import TINY
+from test_config import compose_config
+
+import elastic_trainer as et
+from elastic_trainer._preemption import exit_status, parse_signal, stop_signals
+from elastic_trainer.config._build import build_trainer
+
+# a long run whose training does not depend on trainer.steps (a fixed decay), so that it can be stopped
+# anywhere and resumed to any step, and compared with a run of that many steps
+LONG = [o for o in TINY if not o.startswith("trainer.steps=")] + [
+    "trainer.steps=100000", "optimizer.learning_rate.decay_steps=1000", "checkpoint.period=5"]
+SENTENCE = re.compile(r"elastic_trainer: stopped by (SIG\w+) after step (\d+), saved as a checkpoint in "
+                      r"(\S+); continue with checkpoint\.resume=true\.")
+
+
+def start_cli(*args):
+    env = {**os.environ, "ELASTIC_TRAINER_DISABLE_PLUGIN_AUTOLOAD": "1"}
+    return subprocess.Popen([sys.executable, "-m", "elastic_trainer", *args], env=env, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+
+
+def stop_mid_run(run_dir, signum):
+    """Run LONG in ``run_dir``, send ``signum`` once its checkpoint of step 5 is committed; its exit status,
+    stderr and report."""
+    process = start_cli(*LONG, f"hydra.run.dir={run_dir}")
+    while not (run_dir / "checkpoints" / "5").is_dir():  # Orbax renames a step's folder to "5" once committed
+        assert process.poll() is None, process.communicate()[1]
+        time.sleep(0.05)
+    os.kill(process.pid, signum)
+    _, stderr = process.communicate(timeout=300)
+    return process.returncode, stderr, json.loads((run_dir / "report.json").read_text())
+
+
+def committed_steps(directory):
+    return sorted(int(p.name) for p in directory.iterdir() if p.name.isdigit())
+
+
+def test_sigterm_saves_the_last_step_and_a_resume_ends_as_a_run_without_it(tmp_path):
+    status, stderr, report = stop_mid_run(tmp_path / "run", signal.SIGTERM)
+    assert status == 143, stderr
+    last_line = stderr.strip().splitlines()[-1]
+    name, step, directory = SENTENCE.fullmatch(last_line).groups()
+    step = int(step)
+    assert (name, directory) == ("SIGTERM", str(tmp_path / "run" / "checkpoints"))
+    one_sentence(last_line.removeprefix("elastic_trainer: "))
+    assert report["steps_completed"] == step and report["stopped"] == last_line.removeprefix("elastic_trainer: ")
+    assert committed_steps(tmp_path / "run" / "checkpoints")[-1] == step
+    assert report["samples"]["duplicated"] == report["samples"]["skipped"] == 0
+
+    end = step + 3  # the resume trains 3 more steps, the reference run all of them
+    steps = [o if not o.startswith("trainer.steps=") else f"trainer.steps={end}" for o in LONG]
+    resumed = subprocess.run(
+        [sys.executable, "-m", "elastic_trainer", *steps, f"hydra.run.dir={tmp_path / 'resumed'}",
+         f"checkpoint.dir={tmp_path / 'run' / 'checkpoints'}", "checkpoint.resume=true"],
+        capture_output=True, text=True, timeout=300, env={**os.environ, "ELASTIC_TRAINER_DISABLE_PLUGIN_AUTOLOAD": "1"})
+    assert resumed.returncode == 0, resumed.stderr
+    after = json.loads((tmp_path / "resumed" / "report.json").read_text())
+    assert (after["resumed_from"], after["steps_completed"]) == (step, end)  # 0 steps lost
+
+    reference = build_trainer(compose_config(*steps, f"checkpoint.dir={tmp_path / 'reference'}"))
+    try:
+        expected = reference.fit().report
+    finally:
+        reference.checkpointer.close()
+    assert after["final_loss"] == pytest.approx(expected["final_loss"], rel=1e-6)
+    assert expected["samples"] == {"consumed": end * 48, "duplicated": 0, "skipped": 0}
+
+
+def test_ctrl_c_saves_the_last_step_with_no_traceback(tmp_path):
+    status, stderr, report = stop_mid_run(tmp_path, signal.SIGINT)
+    assert status == 130, stderr
+    assert "Traceback" not in stderr and "KeyboardInterrupt" not in stderr
+    name, step, _ = SENTENCE.fullmatch(stderr.strip().splitlines()[-1]).groups()
+    assert name == "SIGINT" and committed_steps(tmp_path / "checkpoints")[-1] == int(step) == report["steps_completed"]
+
+
+def test_the_configured_signal_stops_a_run_in_process_at_a_step_boundary(tiny_trainer_kwargs, tmp_path):
+    stopped_at = []
+
+    class SendSignal:
+        @et.hookimpl
+        def et_step_end(self, step):
+            if step == 2:
+                os.kill(os.getpid(), signal.SIGUSR1)  # handled at the boundary after step 2: step 3 never starts
+            stopped_at.append(step)
+
+    trainer = et.Trainer(**tiny_trainer_kwargs(steps=6, plugins=[SendSignal()], preemption_signal="USR1",
+                                               checkpointer=et.Checkpointer(tmp_path, period=4)))
+    try:
+        with pytest.raises(et.Preempted) as preempted:
+            trainer.fit()
+    finally:
+        trainer.checkpointer.close()
+    assert stopped_at == [1, 2] and preempted.value.exit_status == 128 + signal.SIGUSR1
+    assert str(preempted.value).startswith("stopped by SIGUSR1 after step 2, saved as a checkpoint in")
+    assert committed_steps(tmp_path) == [2] and preempted.value.report["steps_completed"] == 2
+    assert signal.getsignal(signal.SIGUSR1) is signal.SIG_DFL  # the handlers are gone with the run
+
+
+def test_stop_signals_and_their_exit_statuses():
+    assert stop_signals() == (signal.SIGTERM, signal.SIGINT)
+    assert stop_signals("SIGUSR1")[-1] == stop_signals(10)[-1] == parse_signal("usr1") == signal.SIGUSR1
+    assert (exit_status(signal.SIGTERM), exit_status(signal.SIGINT)) == (143, 130)
+    for bad, message in [("SIGFOO", "preemption_signal 'SIGFOO' is not a signal"),
+                         ("KILL", "preemption_signal SIGKILL cannot be caught")]:
+        with pytest.raises(et.ConfigError, match=message) as error:
+            stop_signals(bad)
+        one_sentence(str(error.value))
