@@ -135,7 +135,7 @@ class DirectoryLock:
                 raise RunLockedError(
                     f"{self.name} {self.directory} is in use by another run "
                     f"({owner or 'a process that is still starting'}); wait for that run to end or stop it, "
-                    f"or choose another {self.name}."
+                    "or give this run another directory."
                 ) from None
             except OSError as error:
                 os.close(fd)
@@ -188,13 +188,15 @@ def held_by_job(directory: str | Path) -> bool:
 
 
 @contextlib.contextmanager
-def hold_run_locks(directories: Sequence[tuple[str | Path, str]]) -> Iterator[None]:
+def hold_run_locks(directories: Sequence[tuple[str | Path, str]], *, for_job: bool = True) -> Iterator[None]:
     """Hold the locks of ``directories`` (``(path, name)`` pairs, ``name`` for messages) inside the block.
 
     Those the job already holds (:func:`held_by_job`) are skipped. The
     others are taken in order, all or none (:class:`RunLockedError` from the
-    first one held elsewhere), and named in :data:`HOLDER_ENV` for this
-    process and its children until the block ends.
+    first one held elsewhere). With ``for_job`` (the process that starts a
+    job) they are named in :data:`HOLDER_ENV` until the block ends, for this
+    process and its children not to contend for them; without (a trainer),
+    a second trainer in the same process is refused like any other run.
     """
     taken: list[DirectoryLock] = []
     previous_env = os.environ.get(HOLDER_ENV)
@@ -205,14 +207,14 @@ def hold_run_locks(directories: Sequence[tuple[str | Path, str]]) -> Iterator[No
             lock = DirectoryLock(directory, name=name)
             if lock.acquire():
                 taken.append(lock)
-        if taken:  # one job: the directories an enclosing holder named stay named
+        if taken and for_job:  # one job: the directories an enclosing holder named stay named
             enclosing = json.loads(previous_env or "null")
             held = enclosing["dirs"] if enclosing and enclosing["pid"] in (os.getpid(), os.getppid()) else []
             os.environ[HOLDER_ENV] = json.dumps(
                 {"pid": os.getpid(), "dirs": [*held, *(str(lock.directory.resolve()) for lock in taken)]})
         yield
     finally:
-        if taken:
+        if taken and for_job:
             if previous_env is None:
                 os.environ.pop(HOLDER_ENV, None)
             else:

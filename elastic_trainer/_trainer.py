@@ -191,7 +191,7 @@ class Trainer:
         if self.checkpointer is None or jax.process_index() != 0:
             return contextlib.nullcontext()
         directories = [(self.checkpointer.directory, "the checkpoint directory")]
-        return hold_run_locks(directories + ([(self.run_dir, "run_dir")] if self.run_dir else []))
+        return hold_run_locks(directories + ([(self.run_dir, "run_dir")] if self.run_dir else []), for_job=False)
 
     def _fit(self, preemption: PreemptionWatch) -> FitResult:
         state = self._start()

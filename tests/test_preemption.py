@@ -1,17 +1,20 @@
 """Preemption: a real SIGTERM or Ctrl-C (os.kill) sent to a running command-line run stops it at a step
 boundary with a checkpoint of that step and one sentence; a resume from it loses no step and ends as a run
-without the signal does. In-process: the configured signal, and the stop signals' exit statuses."""
+without the signal does (and a resume tried while the run runs is refused: its lock). In-process: the
+configured signal, and the stop signals' exit statuses."""
 
 import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import time
 
 import pytest
 from test_bad_input import one_sentence
+from test_cli import run_cli
 from test_cli_recovery import TINY
 from test_config import compose_config
 
@@ -33,13 +36,14 @@ def start_cli(*args):
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
 
 
-def stop_mid_run(run_dir, signum):
-    """Run LONG in ``run_dir``, send ``signum`` once its checkpoint of step 5 is committed; its exit status,
-    stderr and report."""
+def stop_mid_run(run_dir, signum, *, meanwhile=lambda pid: None):
+    """Run LONG in ``run_dir``; once its checkpoint of step 5 is committed, call ``meanwhile(pid)`` and send
+    ``signum``; its exit status, stderr and report."""
     process = start_cli(*LONG, f"hydra.run.dir={run_dir}")
     while not (run_dir / "checkpoints" / "5").is_dir():  # Orbax renames a step's folder to "5" once committed
         assert process.poll() is None, process.communicate()[1]
         time.sleep(0.05)
+    meanwhile(process.pid)
     os.kill(process.pid, signum)
     _, stderr = process.communicate(timeout=300)
     return process.returncode, stderr, json.loads((run_dir / "report.json").read_text())
@@ -50,7 +54,20 @@ def committed_steps(directory):
 
 
 def test_sigterm_saves_the_last_step_and_a_resume_ends_as_a_run_without_it(tmp_path):
-    status, stderr, report = stop_mid_run(tmp_path / "run", signal.SIGTERM)
+    checkpoints = tmp_path / "run" / "checkpoints"
+
+    def resume_meanwhile(pid):  # refused before any work: the run holds checkpoint.dir
+        refused = run_cli(*TINY, f"checkpoint.dir={checkpoints}", "checkpoint.resume=true",
+                          f"hydra.run.dir={tmp_path / 'refused'}", timeout=120)
+        assert refused.returncode == 2, refused.stderr
+        message = refused.stderr.strip().splitlines()[-1].removeprefix("elastic_trainer: error: ")
+        assert message.startswith(f"checkpoint.dir {checkpoints} is in use by another run (process {pid} on "
+                                  f"{socket.gethostname()}, since ")
+        assert message.endswith("); wait for that run to end or stop it, or give this run another directory.")
+        one_sentence(message)
+        assert not (tmp_path / "refused" / "report.json").exists()
+
+    status, stderr, report = stop_mid_run(tmp_path / "run", signal.SIGTERM, meanwhile=resume_meanwhile)
     assert status == 143, stderr
     last_line = stderr.strip().splitlines()[-1]
     name, step, directory = SENTENCE.fullmatch(last_line).groups()
@@ -61,23 +78,23 @@ def test_sigterm_saves_the_last_step_and_a_resume_ends_as_a_run_without_it(tmp_p
     assert committed_steps(tmp_path / "run" / "checkpoints")[-1] == step
     assert report["samples"]["duplicated"] == report["samples"]["skipped"] == 0
 
-    end = step + 3  # the resume trains 3 more steps, the reference run all of them
+    end = step + 3  # the resume trains 3 more steps, the reference run all of them (in-process, cheaper)
     steps = [o if not o.startswith("trainer.steps=") else f"trainer.steps={end}" for o in LONG]
-    resumed = subprocess.run(
-        [sys.executable, "-m", "elastic_trainer", *steps, f"hydra.run.dir={tmp_path / 'resumed'}",
-         f"checkpoint.dir={tmp_path / 'run' / 'checkpoints'}", "checkpoint.resume=true"],
-        capture_output=True, text=True, timeout=300, env={**os.environ, "ELASTIC_TRAINER_DISABLE_PLUGIN_AUTOLOAD": "1"})
-    assert resumed.returncode == 0, resumed.stderr
-    after = json.loads((tmp_path / "resumed" / "report.json").read_text())
+    after, expected = (
+        fit(compose_config(*steps, f"checkpoint.dir={directory}", *resume))
+        for directory, resume in [(checkpoints, ["checkpoint.resume=true"]), (tmp_path / "reference", [])])
     assert (after["resumed_from"], after["steps_completed"]) == (step, end)  # 0 steps lost
-
-    reference = build_trainer(compose_config(*steps, f"checkpoint.dir={tmp_path / 'reference'}"))
-    try:
-        expected = reference.fit().report
-    finally:
-        reference.checkpointer.close()
     assert after["final_loss"] == pytest.approx(expected["final_loss"], rel=1e-6)
     assert expected["samples"] == {"consumed": end * 48, "duplicated": 0, "skipped": 0}
+
+
+def fit(cfg):
+    """The report of a run of ``cfg`` in this process."""
+    trainer = build_trainer(cfg)
+    try:
+        return trainer.fit().report
+    finally:
+        trainer.checkpointer.close()
 
 
 def test_ctrl_c_saves_the_last_step_with_no_traceback(tmp_path):
