@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import time
 import warnings
 from collections.abc import Collection
 from pathlib import Path
@@ -13,6 +14,8 @@ import numpy as np
 import orbax.checkpoint as ocp
 from jaxtyping import PyTree
 
+from ._checkpoint_io import SaveEnded, io_cause, log_closed_loop_noise, remove_temporary
+from ._checksums import CHECKSUMS_KEY, checksums, verify_checksums
 from ._failures import CheckpointWarning, ConfigError
 from .clusters._group_barrier import GroupBarrier, hide_given_up_saves
 from ._period import YoungDalyPeriod
@@ -37,6 +40,17 @@ class Checkpointer:
     abstract arrays with the current shardings, so a checkpoint loads onto
     any mesh.
 
+    Every save keeps each array's checksum (:mod:`._checksums`, computed on
+    the devices) in the JSON metadata, and every restore verifies them: an
+    array whose bits changed on disk raises :class:`ChecksumMismatch`.
+    Checkpoints saved before checksums existed restore unverified.
+
+    A save that fails for I/O (a full disk, EIO, lost permissions) does not
+    raise: :meth:`save` and :meth:`wait` return how each save ended
+    (:class:`SaveEnded`), an asynchronous failure attributed to the step
+    whose save failed, and the failed step's temporary folder is removed.
+    What to do about it (``max_failed_saves``) is the caller's.
+
     In a job of several JAX processes every save is written by all of them
     together. Once processes are lost, :meth:`regroup` makes the live ones a
     group of their own (an Orbax manager with ``active_processes``), so that
@@ -54,6 +68,7 @@ class Checkpointer:
     :param async_save: commit in the background.
     :param mtbf_s: for ``period="auto"``: the expected seconds between
         failures, or ``None`` for the rate observed in the run.
+    :param max_failed_saves: a run stops when this many saves in a row failed for I/O.
     """
 
     def __init__(
@@ -64,8 +79,10 @@ class Checkpointer:
         max_to_keep: int = 3,
         async_save: bool = True,
         mtbf_s: float | None = None,
+        max_failed_saves: int = 3,
     ):
-        check_checkpoint_settings(period=period, max_to_keep=max_to_keep, mtbf_s=mtbf_s)
+        check_checkpoint_settings(period=period, max_to_keep=max_to_keep, mtbf_s=mtbf_s,
+                                  max_failed_saves=max_failed_saves)
         self.directory = Path(directory).absolute()
         _check_directory(self.directory)
         self.period = period
@@ -74,11 +91,15 @@ class Checkpointer:
         self._unreadable: set[int] = set()
         self._max_to_keep = max_to_keep
         self._async_save = async_save
+        self.max_failed_saves = max_failed_saves
+        self._in_flight: int | None = None  # the step whose asynchronous save may still be committing
+        self._failed_steps: set[int] = set()  # saves that failed for I/O: their temporary folders must go
         self._groups = 0  # how many times the processes regrouped
         self.processes = frozenset(range(jax.process_count()))
         """The processes that save together: every process of the job, until :meth:`regroup`."""
         self._barrier = self._group_barrier(self.processes)
         self.manager = self._new_manager(active_processes=None, barrier=self._barrier)
+        log_closed_loop_noise()
 
     def _new_manager(
         self, *, active_processes: set[int] | None, barrier: GroupBarrier | None
@@ -140,6 +161,7 @@ class Checkpointer:
             self.manager.close()  # waits until the given-up save has ended
         except Exception:  # noqa: BLE001 - the given-up save failed; it committed nothing
             pass
+        self._in_flight = None  # given up: it committed or not, as the manager's steps now say
         self._groups += 1
         barrier = self._group_barrier(processes)
         if barrier is not None and jax.process_index() in processes:
@@ -174,21 +196,52 @@ class Checkpointer:
             "auto": None if self.auto_period is None else self.auto_period.choice,
         }
 
-    def save(self, step: int, arrays: PyTree, metadata: dict[str, Any]) -> None:
-        """Start saving ``arrays`` and ``metadata`` as step ``step``."""
+    def save(self, step: int, arrays: PyTree, metadata: dict[str, Any]) -> list[SaveEnded]:
+        """Start saving ``arrays`` and ``metadata`` (with the arrays' checksums) as step ``step``.
+
+        Returns how the saves that ended meanwhile ended: the one in flight
+        before (Orbax lets it end first), and this one if it already
+        committed (a synchronous save) or failed for I/O. Other errors are raised.
+        """
         if not self._saves_here():
-            return
+            return []
+        ended = [outcome for outcome in [self.wait()] if outcome is not None]
+        metadata = {**metadata, CHECKSUMS_KEY: checksums(arrays)}
         if len(self.processes) == 1 and jax.process_count() > 1:
             # Orbax refuses a jax.Array that one process of several holds whole ("host local"); this process
             # is the group, so its arrays are written as the numpy arrays they are (restored the same way)
             arrays = jax.tree.map(np.asarray, arrays)
-        if step in self._unreadable:
-            self._move_aside(step)
-        self.manager.save(
-            step,
-            args=ocp.args.Composite(state=ocp.args.PyTreeSave(arrays), metadata=ocp.args.JsonSave(metadata)),
-            force=True,
-        )
+        try:
+            if step in self._unreadable:
+                self._move_aside(step)
+            self.manager.save(
+                step,
+                args=ocp.args.Composite(state=ocp.args.PyTreeSave(arrays), metadata=ocp.args.JsonSave(metadata)),
+                force=True,
+            )
+        except Exception as error:
+            return [*ended, self._failed(step, error)]
+        if self._async_save:
+            self._in_flight = step
+        else:
+            ended.append(SaveEnded(step, time.time()))
+        return ended
+
+    def _failed(self, step: int, error: Exception) -> SaveEnded:
+        """The failure of ``step``'s save for I/O, its temporary folder removed; ``error`` raised if not I/O."""
+        cause = io_cause(error)
+        if cause is None:
+            raise error
+        self._failed_steps.add(step)
+        self._remove_failed_saves()
+        return SaveEnded(step, time.time(), cause)
+
+    def _remove_failed_saves(self) -> None:
+        """Remove the temporary folders of the saves that failed for I/O, on Orbax's primary host (which owns
+        the folders). Again at every wait: tensorstore's writes still under way when Orbax reported the failure
+        may have created a folder anew."""
+        if self._failed_steps and jax.process_index() == min(self.processes):
+            remove_temporary(self.directory, self._failed_steps)
 
     def discard(self, step: int) -> None:
         """Make sure the save of ``step`` never becomes restorable: let it end, then delete it.
@@ -201,7 +254,7 @@ class Checkpointer:
         if not self._saves_here():
             return
         try:
-            self.manager.wait_until_finished()
+            self.wait()
         except Exception:  # noqa: BLE001 - a failed save committed nothing; the failure is handled by the caller
             pass
         if step in self.manager.all_steps():
@@ -224,12 +277,14 @@ class Checkpointer:
         """Load step ``step`` into arrays shaped and sharded like ``like``; returns them and the metadata.
 
         Raises :class:`ConfigError` when the checkpoint holds another model's
-        state (other arrays, shapes or dtypes), before reading any array.
+        state (other arrays, shapes or dtypes), before reading any array, and
+        :class:`ChecksumMismatch` when an array read differs from the one saved.
         """
         self._check_same_state(step, like)
         abstract = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=a.sharding), like)
         state = ocp.args.PyTreeRestore(abstract, restore_args=ocp.checkpoint_utils.construct_restore_args(abstract))
         restored = self.manager.restore(step, args=ocp.args.Composite(state=state, metadata=ocp.args.JsonRestore()))
+        verify_checksums(restored.state, restored.metadata.get(CHECKSUMS_KEY))
         return restored.state, restored.metadata
 
     def _check_same_state(self, step: int, like: PyTree) -> None:
@@ -264,12 +319,24 @@ class Checkpointer:
         self.manager.reload()
         self._unreadable.discard(step)
 
-    def wait(self) -> None:
-        """Block until every started save is committed."""
-        self.manager.wait_until_finished()
+    def wait(self) -> SaveEnded | None:
+        """Block until the save in flight has ended; how it ended, or ``None`` when none was in flight.
+
+        A failure for I/O is returned (its temporary folder removed); other errors are raised.
+        """
+        step, self._in_flight = self._in_flight, None
+        try:
+            self.manager.wait_until_finished()
+        except Exception as error:
+            if step is None:
+                raise
+            return self._failed(step, error)
+        self._remove_failed_saves()
+        return None if step is None else SaveEnded(step, time.time())
 
     def close(self) -> None:
-        """Finish pending saves and release Orbax's resources."""
+        """Finish pending saves and release Orbax's resources (a last save that fails for I/O commits nothing)."""
+        self.wait()
         self.manager.close()
 
 

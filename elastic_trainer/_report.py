@@ -45,6 +45,7 @@ def run_report(trainer: Trainer, ctx: TrainingContext, state: LoopState) -> dict
         "resizes": [resize.to_json() for resize in ctx.layouts.resizes],
         "compile_cache": {"compiled_ahead": ctx.step_cache.compiled_ahead, "saved_s": ctx.step_cache.saved_s},
         "checkpoint": None if trainer.checkpointer is None else trainer.checkpointer.describe(),
+        "checkpoint_failures": [] if ctx.checkpoints is None else [f.to_json() for f in ctx.checkpoints.failed_saves],
         "resumed_from": history.resumed_from,
         "samples": history.ledger.counts(state.position),
         "data_position": state.position,
@@ -71,12 +72,17 @@ def summary_table(report: dict[str, Any]) -> Table:
             share = seconds / report["wall_s"]
             table.add_row(f"  {category}", f"{seconds:6.1f} s  {'#' * round(30 * share):<30} {share:.1%}")
     for failure in report["failures"]:
+        recovered = "not recovered" if failure["recovery_s"] is None else f"recovered in {failure['recovery_s']:.1f} s"
         table.add_row(
             f"failure @ {failure['step']}",
             f"slices {failure['slices']} {failure['kind']}: {failure['action']}, "
             f"{failure['slices_before']} -> {failure['slices_after']} slices, from {failure['restored_from']}, "
-            f"{failure['lost_steps']} steps lost, recovered in {failure['recovery_s']:.1f} s",
+            f"{failure['lost_steps']} steps lost, {recovered}",
         )
+    failed_saves = report.get("checkpoint_failures") or []
+    if failed_saves:
+        table.add_row("checkpoint saves failed", f"{len(failed_saves)} (steps "
+                      f"{', '.join(str(f['step']) for f in failed_saves)}; last: {failed_saves[-1]['cause']})")
     auto_period = (report.get("checkpoint") or {}).get("auto")
     if auto_period:
         table.add_row("checkpoint period", f"every {auto_period['period_steps']} steps: {auto_period['why']}")
@@ -131,6 +137,7 @@ def merge_worker_reports(
         "badput_s": badput,
         "failures": failures,
         "resizes": [z for r in reports for z in r["resizes"]],
+        "checkpoint_failures": [f for r in reports for f in r.get("checkpoint_failures", [])],
         "samples": ledger.counts(last["data_position"]),
         "started_at": started_at,
         "workers": len(reports),
@@ -139,8 +146,9 @@ def merge_worker_reports(
 
 def report_events(report: dict[str, Any]) -> list[dict[str, Any]]:
     """The timeline events a report holds: each failure, its recovery
-    (from the failure to the end of the first productive step after it) and
-    each resize, with ``event`` and ``time`` (and ``end`` for a recovery)."""
+    (from the failure to the end of the first productive step after it),
+    each resize and each checkpoint save that failed for I/O, with ``event``
+    and ``time`` (and ``end`` for a recovery)."""
     events = []
     for failure in report["failures"]:
         events.append({"event": "failure", "time": failure["failed_at"], **failure})
@@ -150,4 +158,5 @@ def report_events(report: dict[str, Any]) -> list[dict[str, Any]]:
                 "step": failure["step"], "action": failure["action"],
             })
     events += [{"event": "resize", "time": resize["at"], **resize} for resize in report["resizes"]]
+    events += [{"event": "checkpoint_failure", **failed} for failed in report.get("checkpoint_failures", [])]
     return events

@@ -12,8 +12,10 @@ import jax
 from jaxtyping import PyTree
 
 from ._checkpoint import Checkpointer
+from ._checkpoint_io import SaveEnded
+from ._checksums import ChecksumMismatch
 from .clusters import AbstractCluster
-from ._failures import CheckpointWarning, ConfigError, SliceLostError
+from ._failures import CheckpointWarning, ConfigError, SliceLostError, TrainingStopped
 from ._goodput import GoodputClock
 from ._records import LoopState
 
@@ -44,6 +46,13 @@ class RunCheckpoints:
     restore (resume or recovery alike) takes the newest readable checkpoint
     of the same data order.
 
+    A save that fails for I/O while every slice is fine is not a failure of
+    the hardware: it is listed in :attr:`failed_saves`, named in one
+    :class:`CheckpointWarning`, and training goes on (the earlier
+    checkpoints are kept; the next save is tried at its period). The
+    ``checkpointer.max_failed_saves``-th failed save in a row stops the run
+    (:class:`TrainingStopped`).
+
     :param checkpointer: where the checkpoints go.
     :param cluster: checked after each save (a slice lost meanwhile makes it void).
     :param hooks: the plugins' hooks; :param view: what they receive as ``trainer``.
@@ -65,13 +74,22 @@ class RunCheckpoints:
         self._static = static
         self._data_order = data_order
         self._run_metadata = run_metadata
+        self.failed_saves: list[SaveEnded] = []
+        """The saves that failed for I/O, in the order their failures were found."""
+        self._failed_in_a_row = 0
 
     def due(self, step: int, *, last_step: int) -> bool:
         """Whether to save after ``step``: at the checkpointer's period, and always at the last step."""
         return self.checkpointer.due(step) or step == last_step
 
     def save(self, state: LoopState, *, step_times_s: list[float], failures: int) -> None:
-        """Save ``state``; if a slice is lost meanwhile, the save is discarded and the failure raised."""
+        """Save ``state``; if a slice is lost meanwhile, the save is discarded and the failure raised.
+
+        The save in flight before ends first, so that its failure is its own
+        step's. Raises :class:`TrainingStopped`, without starting this save,
+        when that failure is the ``max_failed_saves``-th in a row, and after
+        it when this save fails at once and is.
+        """
         began = time.time()
         step, slices = state.step, state.layout.slices
         self._hooks.et_before_checkpoint_save(trainer=self._view, step=step)
@@ -80,7 +98,9 @@ class RunCheckpoints:
             "slices": list(slices), "mesh": dict(state.layout.mesh.shape),
         }
         try:
-            self.checkpointer.save(step, state.arrays, metadata)
+            ended = [outcome for outcome in [self.checkpointer.wait()] if outcome is not None]
+            if self._failures_in_a_row_after(ended) < self.checkpointer.max_failed_saves:
+                ended += self.checkpointer.save(step, state.arrays, metadata)
         except Exception:
             try:
                 self._cluster.check_step(slices, since=state.incarnations)  # a lost slice explains the failure
@@ -92,11 +112,56 @@ class RunCheckpoints:
         except Exception:
             self.discard(step, slices=slices, since=state.incarnations)
             raise
+        self._note(ended)
+        if any(outcome.step == step and outcome.cause for outcome in ended):
+            return  # this step's save failed at once: there is nothing of it to wait for
         self.checkpointer.saved(
             step, blocked_s=time.time() - began, step_times_s=step_times_s,
             elapsed_s=time.time() - self._clock.started_at, failures=failures,
         )
         self._hooks.et_after_checkpoint_save(trainer=self._view, step=step, directory=str(self.checkpointer.directory))
+
+    def finish_saving(self, stopped: TrainingStopped | None) -> TrainingStopped | None:
+        """At the end of the run: wait for the last save and note how it ended; ``stopped``, or the stop
+        that a last failed save makes when it is the ``max_failed_saves``-th in a row."""
+        outcome = self.checkpointer.wait()
+        try:
+            self._note([] if outcome is None else [outcome])
+        except TrainingStopped as stop:
+            return stopped or stop
+        return stopped
+
+    def _failures_in_a_row_after(self, ended: list[SaveEnded]) -> int:
+        """How many saves in a row will have failed once the outcomes ``ended`` are counted (a commit ends a run)."""
+        in_a_row = self._failed_in_a_row
+        for outcome in ended:
+            in_a_row = 0 if outcome.cause is None else in_a_row + 1
+        return in_a_row
+
+    def _note(self, ended: list[SaveEnded]) -> None:
+        """Count the saves that ended: each failure is listed and warned about, and raises
+        :class:`TrainingStopped` when it is the ``max_failed_saves``-th in a row."""
+        limit = self.checkpointer.max_failed_saves
+        for outcome in ended:
+            self._failed_in_a_row = self._failures_in_a_row_after([outcome])
+            if outcome.cause is None:
+                continue
+            self.failed_saves.append(outcome)
+            if self._failed_in_a_row >= limit:
+                newest = self.checkpointer.latest_step()
+                raise TrainingStopped(
+                    f"the checkpoint save of step {outcome.step} failed ({outcome.cause}), {self._failed_in_a_row} "
+                    f"failed saves in a row (checkpoint.max_failed_saves={limit}); "
+                    + ("no checkpoint was saved" if newest is None else f"the newest checkpoint, step {newest}, is intact")
+                    + f"; free space in {self.checkpointer.directory} or fix its storage, then continue with "
+                    "checkpoint.resume=true."
+                )
+            warnings.warn(
+                f"the checkpoint save of step {outcome.step} failed ({outcome.cause}); training goes on, the next save "
+                f"is tried at its period, and {limit} failed saves in a row stop the run (checkpoint.max_failed_saves).",
+                CheckpointWarning,
+                stacklevel=3,
+            )
 
     def discard(self, step: int, *, slices: Sequence[int], since: tuple[int, ...]) -> None:
         """Make sure the save of ``step``, interrupted by a failure, never becomes a checkpoint."""
@@ -146,7 +211,7 @@ class RunCheckpoints:
             except Exception as error:  # noqa: BLE001 - a truncated or corrupt checkpoint: try the one before
                 self._cluster.check_step(slices, since=since)  # unless a slice lost meanwhile explains it
                 self.checkpointer.mark_unreadable(step)
-                skipped.append((step, type(error).__name__))
+                skipped.append((step, str(error) if isinstance(error, ChecksumMismatch) else type(error).__name__))
                 continue
             self._check_same_data(step, metadata)
             jax.block_until_ready(arrays)

@@ -24,6 +24,7 @@ class EventLog:
     - ``failure``: a failure as in ``report["failures"]``;
     - ``recovery``: from a failure until the end of the first productive step after it;
     - ``resize``: the mesh changed from ``slices_before`` to ``slices_after`` slices, for ``reason``.
+    - ``checkpoint_failure``: the save of ``step`` failed for I/O (``cause``), found at ``time``; training went on.
     """
 
     def __init__(self):
@@ -67,7 +68,8 @@ class EventLog:
 
     @et.hookimpl
     def et_run_end(self, trainer: et.Trainer, report: dict) -> None:
-        """Add the report's failures, recoveries and resizes; write ``events.jsonl`` to the run directory."""
+        """Add the report's failures, recoveries, resizes and failed checkpoint saves; write ``events.jsonl``
+        to the run directory."""
         self.events += et.report_events(report)
         self.events.sort(key=lambda event: event["time"])
         if trainer.run_dir is not None:

@@ -62,7 +62,8 @@ def _checkpointer(cfg: DictConfig, run_dir: str | Path | None) -> Checkpointer |
     if not cfg.enabled or not directory:
         return None
     return Checkpointer(
-        directory, period=cfg.period, max_to_keep=cfg.max_to_keep, async_save=cfg.async_save, mtbf_s=cfg.mtbf_s
+        directory, period=cfg.period, max_to_keep=cfg.max_to_keep, async_save=cfg.async_save, mtbf_s=cfg.mtbf_s,
+        max_failed_saves=cfg.max_failed_saves,
     )
 
 

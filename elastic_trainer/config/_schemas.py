@@ -83,9 +83,11 @@ class CheckpointConfig:
     dir: str | None = None
     resume: bool = default_of(Trainer, "resume")
     async_save: bool = default_of(Checkpointer, "async_save")
+    max_failed_saves: int = default_of(Checkpointer, "max_failed_saves")
 
     def __post_init__(self):
-        check_checkpoint_settings(period=self.period, max_to_keep=self.max_to_keep, mtbf_s=self.mtbf_s)
+        check_checkpoint_settings(period=self.period, max_to_keep=self.max_to_keep, mtbf_s=self.mtbf_s,
+                                  max_failed_saves=self.max_failed_saves)
         if self.resume and not self.enabled:
             raise ConfigError("checkpoint.resume needs checkpoint.enabled=true.")
 

@@ -93,8 +93,15 @@ def check_period(period: object) -> None:
     check_at_least("checkpoint.period", period, 1)
 
 
-def check_checkpoint_settings(*, period: object, max_to_keep: int, mtbf_s: float | None) -> None:
+def check_checkpoint_settings(
+    *, period: object, max_to_keep: int, mtbf_s: float | None, max_failed_saves: int
+) -> None:
     """Raise :class:`ConfigError` with one sentence for any bad ``checkpoint.*`` value."""
     check_period(period)
     check_mtbf(mtbf_s)
     check_at_least("checkpoint.max_to_keep", max_to_keep, 1)
+    if isinstance(max_failed_saves, bool) or not isinstance(max_failed_saves, int) or max_failed_saves < 1:
+        raise ConfigError(
+            f"checkpoint.max_failed_saves must be a whole number of saves, at least 1 (1: stop at the first "
+            f"save that fails for I/O), got {max_failed_saves!r}."
+        )

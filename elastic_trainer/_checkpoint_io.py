@@ -1,0 +1,103 @@
+"""Failed checkpoint writes: which errors are the storage's, what a failed save leaves behind, and the noise of
+Orbax's background threads kept off the terminal."""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import re
+import shutil
+import sys
+from collections.abc import Collection
+from pathlib import Path
+from typing import NamedTuple
+
+import orbax.checkpoint as ocp
+
+BACKGROUND_LOGGER = "elastic_trainer.orbax"
+"""The logger that gets what Orbax's background work raises where nobody catches it; the command line's
+``hydra.job_logging`` writes it to the run's log file only."""
+
+_TENSORSTORE_ERRNO = re.compile(r"\[os_error_code='(\d+)'\]")
+"""How tensorstore (Orbax's array writer) names the OS error of a failed write in its ``ValueError``."""
+
+
+class SaveEnded(NamedTuple):
+    """How a checkpoint save ended: committed, or failed for I/O.
+
+    :param step: the step saved.
+    :param at: when the outcome was known (``time.time()``).
+    :param cause: the storage's error in words (``"ENOSPC: No space left on device"``); ``None``: committed.
+    """
+
+    step: int
+    at: float
+    cause: str | None = None
+
+    def to_json(self) -> dict[str, object]:
+        """A failed save as the report lists it: ``step``, ``cause`` and ``time``."""
+        return {"step": self.step, "cause": self.cause, "time": self.at}
+
+
+def io_cause(error: BaseException | None) -> str | None:
+    """The storage's error behind ``error`` in words, or ``None`` when it is not an I/O error.
+
+    An :class:`OSError` anywhere in the chain of causes counts, and so does
+    tensorstore's ``ValueError`` that carries the OS error code of the write
+    that failed (how Orbax surfaces a full disk while it writes arrays).
+    """
+    seen = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        if isinstance(error, OSError):
+            return _in_words(error.errno) if error.errno else str(error)
+        match = _TENSORSTORE_ERRNO.search(str(error))
+        if match:
+            return _in_words(int(match.group(1)))
+        error = error.__cause__ or error.__context__
+    return None
+
+
+def _in_words(code: int) -> str:
+    """``"ENOSPC: No space left on device"`` for ``errno.ENOSPC``."""
+    return f"{errno.errorcode.get(code, f'errno {code}')}: {os.strerror(code)}"
+
+
+def remove_temporary(directory: Path, steps: Collection[int]) -> None:
+    """Remove Orbax's temporary folders of ``steps`` in ``directory`` (what failed saves of them left), if any."""
+    for name in ocp.path.step.tmp_checkpoints(directory):
+        if ocp.path.step.step_from_checkpoint_name(name) in steps:
+            shutil.rmtree(directory / name, ignore_errors=True)
+
+
+def _is_closed_loop_noise(unraisable: sys.UnraisableHookArgs) -> bool:
+    """Whether ``unraisable`` is tensorstore's callback finding the event loop of a failed Orbax write closed."""
+    value = unraisable.exc_value
+    return unraisable.object is None and isinstance(value, RuntimeError) and str(value) == "Event loop is closed"
+
+
+def log_closed_loop_noise() -> None:
+    """Send the ``RuntimeError: Event loop is closed`` that tensorstore's callbacks raise, once a failed write
+    made Orbax close its event loop, to :data:`BACKGROUND_LOGGER` instead of the terminal.
+
+    They reach Python's ``sys.unraisablehook`` from tensorstore's threads at
+    any time after the failure, so the hook stays for the process's life;
+    every other unraisable exception goes on to the hook that was there
+    before. Installing it again does nothing.
+    """
+    previous = sys.unraisablehook
+    if getattr(previous, "logs_closed_loop_noise", False):
+        return
+
+    def hook(unraisable: sys.UnraisableHookArgs) -> None:
+        if not _is_closed_loop_noise(unraisable):
+            previous(unraisable)
+            return
+        logging.getLogger(BACKGROUND_LOGGER).info(
+            "a callback of a failed checkpoint write found its event loop closed",
+            exc_info=(unraisable.exc_type, unraisable.exc_value, unraisable.exc_traceback),
+        )
+
+    hook.logs_closed_loop_noise = True
+    sys.unraisablehook = hook

@@ -1,0 +1,128 @@
+"""A checkpoint directory on a real, small filesystem that fills up: failed saves are reported, not slice losses."""
+
+import errno
+import os
+import subprocess
+import sys
+
+import pytest
+
+import elastic_trainer as et
+
+TINY_CLI = ["model.d_model=32", "model.num_heads=2", "model.num_layers=1", "data.max_bytes=200000"]
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A tmpfs of 3 MB mounted at ``tmp_path / "disk"`` (a real filesystem that runs out of space), unmounted after."""
+    disk = tmp_path / "disk"
+    yield mount_tmpfs(disk, "3m")
+    subprocess.run(["umount", str(disk)], check=True)
+
+
+def mount_tmpfs(directory, size):
+    """Mount a tmpfs of ``size`` at ``directory``; skip the test where this process may not mount one."""
+    directory.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(directory)],
+                             capture_output=True, text=True)
+    if mounted.returncode:
+        pytest.skip(f"a small real filesystem needs mount (root): {mounted.stderr.strip()}")
+    return directory
+
+
+def fill(disk):
+    """Write a file until the filesystem is full (a real ENOSPC)."""
+    with open(disk / "filler", "wb", buffering=0) as filler:
+        with pytest.raises(OSError) as full:
+            while True:
+                filler.write(b"\0" * 65536)
+    assert full.value.errno == errno.ENOSPC
+
+
+class DiskSpace:
+    """Fills the disk after step ``fill_after`` (once the save in flight committed) and frees it after ``free_after``."""
+
+    def __init__(self, disk, *, fill_after, free_after=None):
+        self.disk, self.fill_after, self.free_after = disk, fill_after, free_after
+
+    @et.hookimpl
+    def et_step_end(self, trainer, step):
+        if step == self.fill_after:
+            trainer.checkpointer.manager.wait_until_finished()
+            fill(self.disk)
+        if step == self.free_after:
+            (self.disk / "filler").unlink()
+
+
+def on_disk(directory):
+    """The checkpoints and Orbax's temporary folders in ``directory``."""
+    return sorted(p.name for p in directory.iterdir() if p.name[0].isdigit())
+
+
+def test_saves_that_fail_for_a_full_disk_are_reported_and_training_goes_on(tiny_trainer_kwargs, small_disk):
+    checkpoints = small_disk / "checkpoints"
+    trainer = et.Trainer(**tiny_trainer_kwargs(
+        steps=10, checkpointer=et.Checkpointer(checkpoints, period=2, max_to_keep=10),
+        plugins=[DiskSpace(small_disk, fill_after=3, free_after=7)],
+    ))
+    with pytest.warns(et.CheckpointWarning) as warned:
+        state, report = trainer.fit()
+    assert int(state.step) == 10 and report["stopped"] is None
+    assert [(f["step"], f["cause"]) for f in report["checkpoint_failures"]] == [
+        (4, "ENOSPC: No space left on device"), (6, "ENOSPC: No space left on device")]
+    messages = [str(w.message) for w in warned]
+    assert len(messages) == 2 and all("failed (ENOSPC: No space left on device); training goes on" in m
+                                      for m in messages)
+    assert "save of step 4" in messages[0] and "save of step 6" in messages[1]  # not the step in flight
+    assert on_disk(checkpoints) == ["10", "2", "8"]  # no temporary folder left; space returned at step 7
+    restored = et.Trainer(**tiny_trainer_kwargs(steps=10, checkpointer=et.Checkpointer(checkpoints), resume=True))
+    assert restored.fit().report["resumed_from"] == 10
+
+
+def test_max_failed_saves_in_a_row_stop_the_run_naming_the_step_and_cause(tiny_trainer_kwargs, small_disk):
+    checkpoints = small_disk / "checkpoints"
+    trainer = et.Trainer(**tiny_trainer_kwargs(
+        steps=12, checkpointer=et.Checkpointer(checkpoints, period=2, max_to_keep=10, max_failed_saves=2),
+        plugins=[DiskSpace(small_disk, fill_after=3)],
+    ))
+    with pytest.warns(et.CheckpointWarning, match="save of step 4 failed"):
+        with pytest.raises(et.TrainingStopped) as stopped:
+            trainer.fit()
+    assert str(stopped.value) == (
+        "the checkpoint save of step 6 failed (ENOSPC: No space left on device), 2 failed saves in a row "
+        "(checkpoint.max_failed_saves=2); the newest checkpoint, step 2, is intact; free space in "
+        f"{checkpoints} or fix its storage, then continue with checkpoint.resume=true."
+    )
+    report = stopped.value.report
+    # step 6's save fails at once (found then) or in the background (found when step 8 is due, which is not started)
+    assert report["steps_completed"] in (6, 8)
+    assert [f["step"] for f in report["checkpoint_failures"]] == [4, 6]
+    assert on_disk(checkpoints) == ["2"]
+
+
+def test_the_command_line_stops_with_one_sentence_and_no_traceback_when_the_disk_stays_full(tmp_path):
+    disk = mount_tmpfs(tmp_path / "disk", "700k")  # room for one checkpoint of this model (about 450 kB), not two
+    try:
+        result = subprocess.run(
+            [sys.executable, "-m", "elastic_trainer", *TINY_CLI, "trainer.steps=12", "checkpoint.period=2",
+             "checkpoint.max_failed_saves=2", f"checkpoint.dir={disk}", f"hydra.run.dir={tmp_path / 'run'}"],
+            capture_output=True, text=True, timeout=300,
+            env={**os.environ, "ELASTIC_TRAINER_DISABLE_PLUGIN_AUTOLOAD": "1"},
+        )
+        assert on_disk(disk) == ["2"]
+    finally:
+        subprocess.run(["umount", str(disk)], check=True)
+    assert result.returncode == 3, result.stderr
+    assert "Traceback" not in result.stderr and "Traceback" not in result.stdout
+    assert "the checkpoint save of step 4 failed (ENOSPC: No space left on device); training goes on" in result.stderr
+    assert result.stderr.splitlines()[-1].startswith(
+        "elastic_trainer: training stopped: the checkpoint save of step 6 failed (ENOSPC: No space left on device)")
+    log = next((tmp_path / "run").glob("*.log")).read_text()
+    assert "Traceback" in log and "No space left on device" in log  # Orbax's own report, in the run's log file
+
+
+@pytest.mark.parametrize("bad", [0, 1.5])
+def test_max_failed_saves_must_be_a_whole_number_of_at_least_one(tmp_path, bad):
+    with pytest.raises(et.ConfigError, match=rf"^checkpoint.max_failed_saves must be a whole number of saves, "
+                                             rf"at least 1 \(1: stop at the first save that fails for I/O\), got {bad}.$"):
+        et.Checkpointer(tmp_path, max_failed_saves=bad)
