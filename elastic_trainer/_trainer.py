@@ -225,7 +225,7 @@ class Trainer:
         if self.checkpointer is None:
             return False
         with self._ctx.clock.measure("checkpoint_save"):
-            self.checkpointer.wait()
+            self._ctx.checkpoints.finish_saving(None)  # a failed save is listed; the signal stops the run anyway
         return step not in self.checkpointer.steps_newest_first()
 
     def _preempted(self, step: int, signum: int) -> Preempted:
@@ -333,9 +333,9 @@ class Trainer:
     def _finish(self, state: LoopState, stopped: TrainingStopped | None) -> FitResult:
         """Wait for the last save, write the report (``et_run_end``); the result, or ``stopped`` raised."""
         ctx = self._ctx
-        if self.checkpointer:
+        if ctx.checkpoints is not None:
             with ctx.clock.measure("checkpoint_save"):
-                self.checkpointer.wait()
+                stopped = ctx.checkpoints.finish_saving(stopped)
         ctx.clock.stop()
         ctx.step_cache.close()
         report = run_report(self, ctx, state)

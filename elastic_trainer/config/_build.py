@@ -44,6 +44,7 @@ def build_trainer(
         within_slice=cfg.trainer.within_slice,
         snapshot_period=cfg.trainer.snapshot_period,
         step_timeout_s=cfg.trainer.step_timeout_s,
+        preemption_signal=cfg.trainer.preemption_signal,
         strategy=strategy if strategy is not None else build_strategy(cfg),
         plugins=[_instantiate(cfg, group) for group in ("chaos", "logger") if cfg[group] is not None],
         seed=cfg.seed,
@@ -57,9 +58,16 @@ def build_strategy(cfg: DictConfig) -> object | None:
     return None if cfg.strategy is None else _instantiate(cfg, "strategy")
 
 
-def _checkpointer(cfg: DictConfig, run_dir: str | Path | None) -> Checkpointer | None:
+def checkpoint_directory(cfg: DictConfig, run_dir: str | Path | None) -> Path | None:
+    """Where the checkpoints of ``cfg`` (the ``checkpoint`` section) go: ``dir``, else ``checkpoints/`` in
+    the run directory; ``None`` when checkpoints are off or there is neither."""
     directory = cfg.dir or (run_dir and Path(run_dir) / "checkpoints")
-    if not cfg.enabled or not directory:
+    return Path(directory) if cfg.enabled and directory else None
+
+
+def _checkpointer(cfg: DictConfig, run_dir: str | Path | None) -> Checkpointer | None:
+    directory = checkpoint_directory(cfg, run_dir)
+    if directory is None:
         return None
     return Checkpointer(
         directory, period=cfg.period, max_to_keep=cfg.max_to_keep, async_save=cfg.async_save, mtbf_s=cfg.mtbf_s,

@@ -24,6 +24,7 @@ from .._checkpoint import Checkpointer
 from .._data import StdlibText
 from .._failures import ConfigError, check_at_least
 from .._models import Transformer
+from .._preemption import stop_signals
 from .._trainer import Trainer
 from ..clusters._multiprocess import MultiprocessCluster
 from ..clusters._pathways import PathwaysCluster, load_health_checker
@@ -56,6 +57,7 @@ class TrainerConfig:
     snapshot_period: int = default_of(Trainer, "snapshot_period")
     step_timeout_s: float = default_of(Trainer, "step_timeout_s")
     compilation_cache_dir: str | None = None
+    preemption_signal: str | None = default_of(Trainer, "preemption_signal")
 
     def __post_init__(self):
         check_trainer_settings(
@@ -65,6 +67,7 @@ class TrainerConfig:
             step_timeout_s=self.step_timeout_s,
             within_slice=self.within_slice,
         )
+        stop_signals(self.preemption_signal)  # a name that is no signal, or one that cannot be caught
         if self.compilation_cache_dir and Path(self.compilation_cache_dir).is_file():
             raise ConfigError(
                 f"trainer.compilation_cache_dir {self.compilation_cache_dir} is a file, not a directory; "

@@ -10,6 +10,7 @@ import os
 import signal
 import sys
 import time
+import warnings
 from pathlib import Path
 
 import hydra
@@ -27,7 +28,7 @@ from hydra.plugins.config_source import ConfigSource
 from omegaconf import DictConfig
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException
 
-from ..config._build import build_strategy, build_trainer
+from ..config._build import build_strategy, build_trainer, checkpoint_directory
 from ..config._schemas import check_config, omegaconf_message, register_configs
 from .._failures import ConfigError, PluginError, RestartRequested, TrainingStopped
 from .._preemption import Preempted, exit_status, stop_signals
@@ -103,8 +104,8 @@ def _job_directories(cfg: DictConfig, run_dir: Path) -> list[tuple[Path, str]]:
     if cfg.cluster.get("launcher") == "none":
         return []
     directories = [(run_dir, "the run directory (hydra.run.dir)")]
-    if cfg.checkpoint.enabled:  # the checkpointer's own default (config/_build.py)
-        directories.append((Path(cfg.checkpoint.dir or run_dir / "checkpoints"), "checkpoint.dir"))
+    if (checkpoints := checkpoint_directory(cfg.checkpoint, run_dir)) is not None:
+        directories.append((checkpoints, "checkpoint.dir"))
     return directories
 
 
@@ -189,6 +190,11 @@ def _end_job(status: int) -> None:
         _worst_job_status = max(_worst_job_status, status)
     elif status:
         sys.exit(status)
+
+
+def _warning_line(message, category, filename, lineno, line=None) -> str:
+    """A warning on the terminal as one line, like the run's other sentences (not Python's two, with the source)."""
+    return f"elastic_trainer: warning: {message}\n"
 
 
 def _fail(message: str) -> None:
@@ -353,6 +359,7 @@ def main() -> None:
             _fail(str(error))
         return
     register_configs()
+    warnings.formatwarning = _warning_line
     try:
         check_group_choices(sys.argv[1:])
         check_values(sys.argv[1:])
