@@ -20,7 +20,7 @@ from ._goodput import GoodputClock
 from ._layouts import make_mesh
 from ._plugins import GuardedHooks, make_plugin_manager, strategy_name
 from ._records import FailureLog, PendingRecovery
-from ._recovery import RunContext, carry_out, choose_plan, classify, finish_recovery
+from ._recovery import RunContext, carry_out, choose_plan, classify, ends_run_if_stopped, finish_recovery
 from ._report import write_report
 
 T = TypeVar("T")
@@ -102,10 +102,11 @@ class ElasticRun:
         """Classify ``error``; let the strategy plan; wait and re-mesh as it says. Re-raise what is not survivable."""
         failure, index = classify(self._ctx, error, step=self.step, phase="train_step", slices=self.slices,
                                   since=self._incarnations)
-        plan = choose_plan(self._ctx, failure) if failure.elastic else None
-        if plan is None:
-            raise error
-        plan, healthy = carry_out(self._ctx, plan, index, error=error, restart=self._cannot_restart)
+        with ends_run_if_stopped(self._ctx, index):
+            plan = choose_plan(self._ctx, failure) if failure.elastic else None
+            if plan is None:
+                raise error
+            plan, healthy = carry_out(self._ctx, plan, index, error=error, restart=self._cannot_restart)
         self._use(healthy)
         self._failures.amend(index, slices_after=len(healthy))
         self._pending = PendingRecovery(index, self._failures[index].failed_at)

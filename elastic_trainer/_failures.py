@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from typing import ClassVar
 
 import jax
 
@@ -47,7 +48,10 @@ class RecoveryPlan:
     :param wait_for_all_s: wait up to this long for every slice to be healthy
         before going on (0: go on at once with the healthy ones).
     :param min_slices: stop training if fewer slices than this are healthy
-        after the wait.
+        after the waits.
+    :param wait_for_min_s: when fewer than ``min_slices`` are healthy (after
+        ``wait_for_all_s``), wait up to this long more for ``min_slices`` of
+        them, then go on with every healthy one (0: stop, or fall back, at once).
     :param keep_global_batch: keep the global batch (and so the sample order),
         growing the per-device batch; otherwise keep the per-device batch and
         shrink the global one.
@@ -57,12 +61,13 @@ class RecoveryPlan:
     :param restart_process: end this worker so the supervisor starts a fresh
         one that restores the last checkpoint (a full restart).
     :param otherwise: the plan to carry out instead of stopping when fewer
-        than ``min_slices`` are healthy after the wait (a fallback chain).
+        than ``min_slices`` are healthy after the waits (a fallback chain).
     """
 
     action: str
     wait_for_all_s: float = 0.0
     min_slices: int = 1
+    wait_for_min_s: float = 0.0
     keep_global_batch: bool = True
     lr_scaling: str = "linear"
     restart_process: bool = False
@@ -70,24 +75,62 @@ class RecoveryPlan:
 
 
 class RetryBudget:
-    """How many recoveries a strategy may make before it gives up (MaxText's ``elastic_max_retries``).
+    """How many failures in a row without progress a strategy recovers from before it gives up.
+
+    Failures count while fewer than ``retry_reset_steps`` steps separate each
+    from the one before (measured from the step where the previous failure
+    struck, so that a run rolled back to a checkpoint and failing again
+    before it gets past that step makes no progress); a failure at least
+    ``retry_reset_steps`` steps after the previous one starts the count
+    again at one. More than ``max_retries`` failures in a row stop the run.
+    MaxText's ``elastic_max_retries`` counts every retry of the run instead,
+    so a long, healthy run with failures far apart eventually exhausts it;
+    ``retry_reset_steps=0`` gives that behaviour here.
 
     :param strategy: the strategy's name, for the message.
-    :param max_retries: recoveries allowed.
+    :param max_retries: failures in a row without progress recovered from.
+    :param retry_reset_steps: steps of progress that start the count again (0: never, every failure counts).
     """
 
-    def __init__(self, strategy: str, max_retries: int):
+    DEFAULT_RESET_STEPS: ClassVar[int] = 10
+    """The strategies' default ``retry_reset_steps``.
+
+    A crash loop makes no progress between failures: a step that fails each
+    time it runs (0 steps), a slice lost again while the run recovers from it
+    (0), a slice that flaps every step or two. A healthy cluster at scale
+    fails hundreds of steps apart; even the issue's soak, a failure in every
+    window of 15 steps (``chaos.steps_per_failure=15``, some only 1 step
+    apart), never has more than two gaps under 10 steps in a row. 10 tells
+    the two apart, and a run that truly loops still stops, within about
+    ``10 * max_retries`` steps.
+    """
+
+    def __init__(self, strategy: str, max_retries: int, retry_reset_steps: int = DEFAULT_RESET_STEPS):
         check_at_least("strategy.max_retries", max_retries, 0)
+        check_at_least("strategy.retry_reset_steps", retry_reset_steps, 0)
         self.strategy = strategy
         self.max_retries = max_retries
+        self.retry_reset_steps = retry_reset_steps
         self.used = 0
+        """Failures counted since the count last started again."""
+        self._last_step: int | None = None  # where the previous failure struck
 
-    def spend(self) -> None:
-        """Count one recovery; raise :class:`TrainingStopped` when the budget is spent."""
+    def spend(self, step: int | None = None) -> None:
+        """Count the failure at ``step`` (:attr:`Failure.step`); raise :class:`TrainingStopped` past the budget.
+
+        Without ``step``, the failure counts as one without progress.
+        """
+        if (self.retry_reset_steps and step is not None and self._last_step is not None
+                and step - self._last_step >= self.retry_reset_steps):
+            self.used = 0
+        self._last_step = step
         self.used += 1
         if self.used > self.max_retries:
+            without_progress = (f" with fewer than {self.retry_reset_steps} steps of progress between failures"
+                                if self.retry_reset_steps else "")
+            settings = "strategy.max_retries" + (", strategy.retry_reset_steps" if self.retry_reset_steps else "")
             raise TrainingStopped(
-                f"{self.strategy} gave up after {self.max_retries} recoveries (strategy.max_retries)."
+                f"{self.strategy} gave up after {self.max_retries} recoveries{without_progress} ({settings})."
             )
 
 

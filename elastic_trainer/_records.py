@@ -81,10 +81,11 @@ class FailureRecord:
 
     Filled in as the recovery goes: detection first, then the strategy's
     action and wait, the new layout's compile and re-mesh, the restore, and
-    ``recovery_s`` once the first productive step after it has ended.
-    Optional parts that did not happen (``fell_back_from``, ``regrouped``,
-    the compile and restore of a recovery that stopped) are left out of
-    :meth:`to_json`.
+    ``recovery_s`` once the first productive step after it has ended
+    (``None`` until then, and for good when the run ended first). A failure
+    that stopped the run has ``ended_run`` set. Optional parts that did not
+    happen (``fell_back_from``, ``regrouped``, the compile and restore of a
+    recovery that stopped) are left out of :meth:`to_json`.
     """
 
     step: int
@@ -98,7 +99,8 @@ class FailureRecord:
     slices_after: int | None = None
     restored_from: str = "none"
     lost_steps: int = 0
-    recovery_s: float = 0.0
+    recovery_s: float | None = None
+    ended_run: bool = False
     waiting_s: float | None = None
     fell_back_from: tuple[str, ...] | None = None
     regrouped: bool | None = None
@@ -109,7 +111,7 @@ class FailureRecord:
 
     _REPORT_ORDER = (
         "step", "phase", "slice", "slices", "kind", "action", "slices_before", "slices_after", "restored_from",
-        "lost_steps", "recovery_s", "failed_at", "detection_s", "waiting_s", "fell_back_from", "regrouped",
+        "lost_steps", "recovery_s", "ended_run", "failed_at", "detection_s", "waiting_s", "fell_back_from", "regrouped",
         "compile_s", "compile_cached", "remesh_s", "restore_s",
     )
 

@@ -12,9 +12,10 @@ the same :func:`classify`, :func:`choose_plan`, :func:`carry_out` and
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, NoReturn
 
 import equinox as eqx
@@ -126,8 +127,10 @@ def carry_out(
 ) -> tuple[RecoveryPlan, list[int]]:
     """Wait as ``plan`` says; when too few slices are back, fall back to ``plan.otherwise`` or stop.
 
-    A plan that restarts the process calls ``restart`` (which raises). So does
-    a plan that waits for lost slices on a cluster where they cannot come
+    The plan waits up to ``wait_for_all_s`` for every slice, then, with fewer
+    than ``min_slices`` healthy, up to ``wait_for_min_s`` for that many. A
+    plan that restarts the process calls ``restart`` (which raises). So does
+    a plan that would wait for lost slices on a cluster where they cannot come
     back (``cluster.lost_slices_rejoin`` is false: the multi-process runtime
     of this JAX): the whole job is re-formed instead, and the failure is
     marked ``regrouped``. The failure record ``index`` gets the ``action``,
@@ -141,11 +144,13 @@ def carry_out(
         ctx.failures.amend(index, action=plan.action, waiting_s=waited)
         if plan.restart_process:
             restart()
-        if plan.wait_for_all_s and not ctx.cluster.lost_slices_rejoin and len(ctx.cluster.healthy_slices()) < total:
+        if _waits_in_vain(ctx, plan, total):
             ctx.failures.amend(index, regrouped=True)
             restart()
         begin = time.time()
-        healthy = wait_for_slices(ctx, plan.wait_for_all_s)
+        healthy = wait_for_slices(ctx, plan.wait_for_all_s, until=total)
+        if len(healthy) < plan.min_slices:
+            healthy = wait_for_slices(ctx, plan.wait_for_min_s, until=plan.min_slices)
         waited += time.time() - begin
         ctx.failures.amend(index, waiting_s=waited)
         if len(healthy) >= plan.min_slices:
@@ -160,16 +165,36 @@ def carry_out(
         plan = plan.otherwise
 
 
-def wait_for_slices(ctx: RunContext, timeout_s: float) -> list[int]:
-    """Poll ``et_slice_health`` until every slice is healthy or ``timeout_s`` passed; the healthy slices."""
-    total = len(ctx.cluster.slice_devices())
+def _waits_in_vain(ctx: RunContext, plan: RecoveryPlan, total: int) -> bool:
+    """Whether ``plan`` would wait for lost slices on a cluster where they never come back."""
+    if ctx.cluster.lost_slices_rejoin:
+        return False
+    healthy = len(ctx.cluster.healthy_slices())
+    return bool(plan.wait_for_all_s and healthy < total or plan.wait_for_min_s and healthy < plan.min_slices)
+
+
+def wait_for_slices(ctx: RunContext, timeout_s: float, *, until: int) -> list[int]:
+    """Poll ``et_slice_health`` until at least ``until`` slices are healthy or ``timeout_s`` passed; the healthy slices."""
     with ctx.clock.measure("waiting_for_slices"):
         deadline = time.monotonic() + timeout_s
         healthy = ctx.hooks.et_slice_health(trainer=ctx.view)
-        while len(healthy) < total and time.monotonic() < deadline:
+        while len(healthy) < until and time.monotonic() < deadline:
             time.sleep(min(HEALTH_POLL_S, max(0.0, deadline - time.monotonic())))
             healthy = ctx.hooks.et_slice_health(trainer=ctx.view)
     return sorted(healthy)
+
+
+@contextlib.contextmanager
+def ends_run_if_stopped(ctx: RunContext, index: int) -> Iterator[None]:
+    """Mark failure ``index`` as the one that ended the run when :class:`TrainingStopped` is raised inside
+    (a strategy gave up, too few slices, nothing to restore); a restart goes on in a new worker."""
+    try:
+        yield
+    except RestartRequested:
+        raise
+    except TrainingStopped:
+        ctx.failures.amend(index, ended_run=True)
+        raise
 
 
 def finish_recovery(ctx: RunContext, pending: PendingRecovery | None) -> None:
@@ -205,8 +230,15 @@ def survive(ctx: TrainingContext, error: Exception, state: LoopState, *, phase: 
 
 def recover(ctx: TrainingContext, error: Exception, state: LoopState, *, phase: str) -> LoopState:
     """Classify the failure, let the strategy plan, carry the plan out, re-mesh and restore."""
+    failure, index = classify(ctx, error, step=state.step, phase=phase, slices=state.layout.slices,
+                              since=state.incarnations)
+    with ends_run_if_stopped(ctx, index):
+        return _recover_from(ctx, failure, index, error, state)
+
+
+def _recover_from(ctx: TrainingContext, failure: Failure, index: int, error: Exception, state: LoopState) -> LoopState:
+    """Everything after classifying failure ``index``: the plan, its waits, the new layout and the restore."""
     step, old = state.step, state.layout
-    failure, index = classify(ctx, error, step=step, phase=phase, slices=old.slices, since=state.incarnations)
     if ctx.checkpoints is not None:  # before anything waits for a save that lost processes were part of
         ctx.checkpoints.regroup(slices=old.slices, since=state.incarnations)
     if not failure.elastic:

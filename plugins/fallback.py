@@ -18,7 +18,11 @@ class Fallback:
     :param strategies: the chain, first choice first (strategy plugins).
 
     Every strategy of the chain plans at the moment of the failure, so each
-    spends its retry budget then. The chain also answers the hooks its members
+    counts it in its own retry budget then: each member stops the run after
+    its ``max_retries`` failures in a row with fewer than its
+    ``retry_reset_steps`` steps of progress between them (not after
+    ``max_retries`` failures of the whole run, as MaxText's
+    ``elastic_max_retries``). The chain also answers the hooks its members
     implement besides ``et_choose_recovery`` (``et_likely_layouts``,
     ``et_propose_resize``), first member first.
     """

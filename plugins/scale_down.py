@@ -13,15 +13,24 @@ LR_SCALINGS = ("linear", "sqrt", "none")
 class ScaleDown:
     """Continue on the live slices as soon as a slice is lost.
 
-    :param min_slice_count: stop if fewer slices than this live (MaxText's
-        ``elastic_min_slice_count``).
+    :param min_slice_count: the fewest slices to train on (MaxText's
+        ``elastic_min_slice_count``); with fewer healthy, wait for them.
+    :param timeout_s: how long to wait, when fewer than ``min_slice_count``
+        slices are healthy, for that many to be (MaxText's
+        ``elastic_timeout_seconds``); then go on with every healthy slice, or
+        stop if there are still too few (0: stop at once).
     :param scale_up: move back onto returning slices at the next step boundary.
     :param batch_policy: ``keep_global`` keeps the global batch and sample
         order (each device takes more samples); ``keep_per_device`` keeps each
         device's batch, so the global batch shrinks with the slices.
     :param lr_scaling: with ``keep_per_device``, how the learning rate follows
         the global batch: ``linear``, ``sqrt`` or ``none``.
-    :param max_retries: stop after this many recoveries.
+    :param max_retries: stop after this many failures in a row without
+        progress (see ``retry_reset_steps``). MaxText's ``elastic_max_retries``
+        counts every failure of the run instead.
+    :param retry_reset_steps: a failure at least this many steps past the
+        previous one starts the count of ``max_retries`` again (0: never, as
+        MaxText counts).
     :param compile_ahead: compile the step for every "one slice fewer" layout
         in the background after start, so a recovery need not wait for a
         compile; off saves that work where compiles are cheap or cores few.
@@ -32,23 +41,28 @@ class ScaleDown:
     def __init__(
         self,
         min_slice_count: int = 1,
+        timeout_s: float = 300.0,
         scale_up: bool = True,
         batch_policy: str = "keep_global",
         lr_scaling: str = "linear",
         max_retries: int = 10,
+        retry_reset_steps: int = et.RetryBudget.DEFAULT_RESET_STEPS,
         compile_ahead: bool = True,
     ):
         if min_slice_count < 1:
             raise et.ConfigError(f"strategy.min_slice_count must be at least 1, got {min_slice_count}.")
+        if timeout_s < 0:
+            raise et.ConfigError(f"strategy.timeout_s must be at least 0, got {timeout_s}.")
         if batch_policy not in BATCH_POLICIES:
             raise et.ConfigError(f"strategy.batch_policy must be one of {BATCH_POLICIES}, got {batch_policy!r}.")
         if lr_scaling not in LR_SCALINGS:
             raise et.ConfigError(f"strategy.lr_scaling must be one of {LR_SCALINGS}, got {lr_scaling!r}.")
         self.min_slice_count = min_slice_count
+        self.timeout_s = timeout_s
         self.scale_up = scale_up
         self.batch_policy = batch_policy
         self.lr_scaling = lr_scaling
-        self.retries = et.RetryBudget(self.name, max_retries)
+        self.retries = et.RetryBudget(self.name, max_retries, retry_reset_steps)
         self.compile_ahead = compile_ahead
 
     @et.hookimpl
@@ -66,11 +80,13 @@ class ScaleDown:
 
     @et.hookimpl
     def et_choose_recovery(self, failure: et.Failure) -> et.RecoveryPlan:
-        """Continue now on whatever is healthy, if that is at least ``min_slice_count`` slices."""
-        self.retries.spend()
+        """Continue now on whatever is healthy; with fewer than ``min_slice_count`` slices healthy,
+        wait up to ``timeout_s`` for that many first."""
+        self.retries.spend(failure.step)
         return et.RecoveryPlan(
             action="scale_down",
             min_slices=self.min_slice_count,
+            wait_for_min_s=self.timeout_s,
             keep_global_batch=self.batch_policy == "keep_global",
             lr_scaling=self.lr_scaling,
         )

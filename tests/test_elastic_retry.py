@@ -10,6 +10,7 @@ import pytest
 import elastic_trainer as et
 from elastic_trainer_plugins.chaos import Chaos
 from elastic_trainer_plugins.full_restart import FullRestart
+from elastic_trainer_plugins.scale_down import ScaleDown
 
 EXAMPLE = Path(__file__).parents[1] / "examples" / "elastic_retry_loop.py"
 
@@ -55,3 +56,27 @@ def test_a_strategy_that_restarts_the_process_is_a_clear_error():
 
     with pytest.raises(et.ConfigError, match="elastic_retry recovers inside this process"):
         loop()
+
+
+def test_scale_down_waits_for_a_slice_when_every_slice_is_lost_and_a_stop_is_reported_as_the_end():
+    every_slice = [{"at_step": 2, "slice": s, "down_for_s": 0.2} for s in range(4)]
+    runs = []
+
+    def loop(run):
+        runs.append(run)
+        for _ in run.steps(run.step, 4):
+            pass
+
+    et.elastic_retry(cluster=et.SimulatedCluster(4, 2), strategy=ScaleDown(timeout_s=60),
+                     plugins=[Chaos(failures=every_slice)])(loop)()
+    [failure] = runs[-1].failures
+    assert (failure["step"], failure["slices"], failure["action"], failure["ended_run"]) == (2, [0, 1, 2, 3],
+                                                                                             "scale_down", False)
+    assert failure["waiting_s"] > 0 and failure["slices_after"] >= 1 and failure["recovery_s"] is not None
+
+    runs.clear()
+    with pytest.raises(et.TrainingStopped, match="^scale_down: 0 slice"):
+        et.elastic_retry(cluster=et.SimulatedCluster(4, 2), strategy=ScaleDown(timeout_s=0),
+                         plugins=[Chaos(failures=every_slice)])(loop)()
+    [failure] = runs[-1].failures
+    assert (failure["ended_run"], failure["recovery_s"]) == (True, None)

@@ -305,20 +305,49 @@ def test_pause_resume_survives_a_second_failure_during_recovery(tiny_trainer_kwa
 # ------------------------------------------------------------------ every slice lost
 
 
-def test_losing_every_slice_restores_the_host_snapshot(tiny_trainer_kwargs):
+@pytest.mark.parametrize("strategy", [
+    lambda: PauseResume(timeout_s=60),
+    lambda: ScaleDown(compile_ahead=False, timeout_s=60),  # none left to go on with: it waits for one too
+], ids=["pause_resume", "scale_down"])
+def test_losing_every_slice_waits_for_them_and_restores_the_host_snapshot(tiny_trainer_kwargs, strategy):
+    recorder = RestoreRecorder()
     trainer = et.Trainer(**tiny_trainer_kwargs(
-        steps=STEPS, global_batch_size=BATCH, snapshot_period=2, strategy=PauseResume(timeout_s=60),
-        plugins=[chaos(*(lose(s, down_for_s=0.3) for s in range(4)))],
+        steps=STEPS, global_batch_size=BATCH, snapshot_period=2, strategy=strategy(),
+        plugins=[chaos(*(lose(s, down_for_s=0.3) for s in range(4))), recorder],
     ))
+    fail_slice, back_at = trainer.cluster.fail_slice, []
+
+    def timed_fail_slice(index, *, down_for_s):
+        back_at.append(time.monotonic() + down_for_s)
+        fail_slice(index, down_for_s=down_for_s)
+
+    trainer.cluster.fail_slice = timed_fail_slice
     state, report = fit(trainer)
     assert state is not None, report["stopped"]
     [failure] = report["failures"]
     assert (failure["step"], failure["slices"], failure["restored_from"]) == (FAIL_AT, [0, 1, 2, 3], "snapshot")
     assert failure["lost_steps"] == FAIL_AT - 2  # the last snapshot was taken after step 2
+    assert failure["ended_run"] is False and failure["recovery_s"] > 0
+    [(_, _, _, restored_at)] = recorder.restored
+    assert restored_at >= min(back_at)  # restored only once a slice was back
     assert report["steps_completed"] == STEPS and int(state.step) == STEPS
     assert report["samples"] == {"consumed": STEPS * BATCH, "duplicated": 0, "skipped": 0}
     assert report["badput_s"]["wasted_progress"] > 0
     assert_params_close(params_of(state), baseline_params(tiny_trainer_kwargs, steps=STEPS))
+
+
+def test_scale_down_without_a_wait_stops_when_every_slice_is_lost_and_reports_that_failure_as_the_end(
+        tiny_trainer_kwargs):
+    trainer = et.Trainer(**tiny_trainer_kwargs(
+        steps=STEPS, global_batch_size=BATCH, strategy=ScaleDown(compile_ahead=False, timeout_s=0),
+        plugins=[chaos(*(lose(s) for s in range(4)))],
+    ))
+    with pytest.raises(et.TrainingStopped, match=r"^scale_down: 0 slice\(s\) healthy after waiting 0 s, fewer than "
+                                                 r"the 1 the strategy needs; the last checkpoint is intact\.$"):
+        trainer.fit()
+    [failure] = trainer.failures
+    assert (failure["step"], failure["action"], failure["ended_run"]) == (FAIL_AT, "scale_down", True)
+    assert failure["recovery_s"] is None and failure["slices_after"] == 4  # it never recovered
 
 
 # ------------------------------------------------------------------ no strategy
@@ -404,12 +433,19 @@ def test_random_chaos_strikes_a_step_once_even_when_it_is_retried(tiny_trainer_k
     assert report["steps_completed"] == STEPS
 
 
-def test_a_strategy_gives_up_past_max_retries(tiny_trainer_kwargs):
+@pytest.mark.parametrize(("retry_reset_steps", "stops"), [(3, True), (2, False), (0, True)])
+def test_a_strategy_gives_up_past_max_retries_without_progress(tiny_trainer_kwargs, retry_reset_steps, stops):
+    # failures at steps 2 and 4: 2 steps of progress between them
     trainer = et.Trainer(**tiny_trainer_kwargs(
-        steps=STEPS, global_batch_size=BATCH, strategy=PauseResume(timeout_s=30, max_retries=1),
+        steps=STEPS, global_batch_size=BATCH,
+        strategy=PauseResume(timeout_s=30, max_retries=1, retry_reset_steps=retry_reset_steps),
         plugins=[chaos(lose(1, at_step=2, down_for_s=0.1), lose(2, at_step=4, down_for_s=0.1))],
     ))
-    with pytest.raises(et.TrainingStopped, match=r"pause_resume gave up after 1 recoveries") as stopped:
-        trainer.fit()
-    assert [f["step"] for f in stopped.value.report["failures"]] == [2, 4]
-    assert stopped.value.report["steps_completed"] == 4
+    state, report = fit(trainer)
+    assert [f["step"] for f in report["failures"]] == [2, 4]
+    assert [f["ended_run"] for f in report["failures"]] == [False, stops]
+    if stops:
+        assert report["stopped"].startswith("pause_resume gave up after 1 recoveries")
+        assert report["steps_completed"] == 4 and report["failures"][1]["recovery_s"] is None
+    else:
+        assert state is not None and report["steps_completed"] == STEPS
