@@ -1,8 +1,10 @@
-"""Compiled train steps kept per layout, compiled on demand or ahead of time in the background."""
+"""Compiled train steps kept per layout, at most ``max_layouts`` of them, compiled on demand or ahead of time."""
 
 from __future__ import annotations
 
+import collections
 import concurrent.futures
+import functools
 import time
 from typing import Any
 
@@ -13,6 +15,13 @@ from jaxtyping import PyTree
 from ._mesh import WithinSlice, batch_sharding
 from ._step import StepFn, compile_step
 
+DEFAULT_MAX_LAYOUTS = 8
+"""Layouts whose compiled step is kept. On the default 4 slices, the layout in
+use, its 4 "one slice fewer" layouts compiled ahead and 3 more (the way back
+up) fit; a layout's executable of the tiny CPU model takes about 10 MB of host
+memory (more for a real model), and at N slices the layouts a run can visit are
+2^N - 1: an unbounded cache grew a 600-step soak from 0.97 to 1.86 GB."""
+
 
 class StepCache:
     """Compiled steps by (devices, global batch): a resize back onto a known layout compiles nothing.
@@ -21,46 +30,69 @@ class StepCache:
     on a background thread while training goes on, so a recovery onto it only
     waits for what is left of that compile.
 
+    At most ``max_layouts`` compiled steps are kept: the least recently used
+    one goes first, never the layout in use (the last one :meth:`get` returned)
+    nor a compile under way, and :meth:`compile_ahead` starts a compile only
+    while there is room. Each compile traces a function object of its own, so
+    that JAX's caches (keyed on the function) drop the evicted executable too.
+
     :param step_fn: the pure step (see :func:`make_step_fn`).
     :param arrays: the state's arrays, or abstract ones: shapes and dtypes.
     :param sample: a batch of one sample from the dataset (an array or a pytree of them), for the shapes and dtypes.
     :param within_slice: the state's layout within a slice.
+    :param max_layouts: how many layouts' compiled steps to keep (at least 1: the one in use;
+        ``trainer.max_cached_layouts``, checked with the trainer's settings).
     """
 
-    def __init__(self, step_fn: StepFn, arrays: PyTree, sample: PyTree, *, within_slice: WithinSlice):
+    def __init__(
+        self, step_fn: StepFn, arrays: PyTree, sample: PyTree, *, within_slice: WithinSlice,
+        max_layouts: int = DEFAULT_MAX_LAYOUTS,
+    ):
         self._step_fn = step_fn
         self._abstract = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), arrays)
         self._sample = sample
         self._within_slice = within_slice
-        self._futures: dict[tuple, concurrent.futures.Future] = {}
+        self.max_layouts = max_layouts
+        self._futures: collections.OrderedDict[tuple, concurrent.futures.Future] = collections.OrderedDict()
+        self._in_use: tuple | None = None
         self._background = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="et-compile")
         self.saved_s = 0.0
         self.compiled_ahead = 0
+        self.evicted = 0
+        """Compiled steps dropped to keep within ``max_layouts``."""
+
+    def __len__(self) -> int:
+        """Layouts whose step is compiled or being compiled."""
+        return len(self._futures)
 
     def get(self, mesh: Mesh, batch_size: int) -> tuple[Any, PyTree, dict[str, Any]]:
-        """The compiled step and state shardings for ``mesh``, and how the compile went.
+        """The compiled step and state shardings for ``mesh``, now the layout in use, and how the compile went.
 
         The third value is ``{"compile_s", "compile_cached"}``: seconds spent
         here (compiling, or waiting for a compile started ahead) and whether a
         compile already existed or was under way.
         """
         begin = time.time()
-        future = self._futures.get(self._key(mesh, batch_size))
+        key = self._key(mesh, batch_size)
+        future = self._futures.get(key)
+        cached = future is not None
         if future is None:
-            compiled, shardings, _ = self._compile(mesh, batch_size)
-            done = concurrent.futures.Future()
-            done.set_result((compiled, shardings, time.time() - begin))
-            self._futures[self._key(mesh, batch_size)] = done
-            return compiled, shardings, {"compile_s": time.time() - begin, "compile_cached": False}
+            future = concurrent.futures.Future()
+            future.set_result(self._compile(mesh, batch_size))
+            self._futures[key] = future
         compiled, shardings, compile_s = future.result()
         waited = time.time() - begin
-        self.saved_s += max(0.0, compile_s - waited)
-        return compiled, shardings, {"compile_s": waited, "compile_cached": True}
+        if cached:
+            self.saved_s += max(0.0, compile_s - waited)
+        self._futures.move_to_end(key)
+        self._in_use = key
+        self._evict()
+        return compiled, shardings, {"compile_s": waited, "compile_cached": cached}
 
     def compile_ahead(self, mesh: Mesh, batch_size: int) -> None:
-        """Start compiling for ``mesh`` on the background thread, unless already known."""
+        """Start compiling for ``mesh`` on the background thread, unless already known or the cache is full."""
         key = self._key(mesh, batch_size)
-        if key not in self._futures:
+        if key not in self._futures and len(self._futures) < self.max_layouts:
             self._futures[key] = self._background.submit(self._compile, mesh, batch_size)
             self.compiled_ahead += 1
 
@@ -68,13 +100,21 @@ class StepCache:
         """Drop compiles not started yet; one under way finishes on its own."""
         self._background.shutdown(wait=False, cancel_futures=True)
 
+    def _evict(self) -> None:
+        """Drop the least recently used compiled steps beyond ``max_layouts``, but the one in use and those under way."""
+        evictable = [key for key, future in self._futures.items() if key != self._in_use and future.done()]
+        for key in evictable[: max(0, len(self._futures) - self.max_layouts)]:
+            del self._futures[key]
+            self.evicted += 1
+
     def _compile(self, mesh: Mesh, batch_size: int) -> tuple[Any, PyTree, float]:
         begin = time.time()
         batch = jax.tree.map(
             lambda leaf: jax.ShapeDtypeStruct((batch_size, *leaf.shape[1:]), leaf.dtype, sharding=batch_sharding(mesh)),
             self._sample,
         )
-        compiled, shardings = compile_step(self._step_fn, self._abstract, batch, mesh, within_slice=self._within_slice)
+        step_fn = functools.wraps(self._step_fn)(lambda *args: self._step_fn(*args))  # this compile's own function
+        compiled, shardings = compile_step(step_fn, self._abstract, batch, mesh, within_slice=self._within_slice)
         return compiled, shardings, time.time() - begin
 
     @staticmethod
