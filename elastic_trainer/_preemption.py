@@ -53,7 +53,7 @@ def parse_signal(value: str | int) -> signal.Signals:
         return signal.Signals[name if name.startswith("SIG") else f"SIG{name}"]
     except (KeyError, ValueError):
         raise ConfigError(
-            f"preemption_signal {value!r} is not a signal; give a name such as SIGUSR1 or its number."
+            f"trainer.preemption_signal {value!r} is not a signal; give a name such as SIGUSR1 or its number."
         ) from None
 
 
@@ -62,7 +62,7 @@ def stop_signals(extra: str | int | None = None) -> tuple[signal.Signals, ...]:
     signals = list(STOP_SIGNALS)
     if extra is not None and (chosen := parse_signal(extra)) not in signals:
         if chosen in (signal.SIGKILL, signal.SIGSTOP):
-            raise ConfigError(f"preemption_signal {chosen.name} cannot be caught; choose another, such as SIGUSR1.")
+            raise ConfigError(f"trainer.preemption_signal {chosen.name} cannot be caught; choose another, such as SIGUSR1.")
         signals.append(chosen)
     return tuple(signals)
 

@@ -42,7 +42,7 @@ from .config._settings import check_trainer_settings
 from ._snapshots import HostSnapshots
 from ._state import TrainState, init_train_state
 from ._step import LossFn, check_fits, make_step_fn
-from ._step_cache import StepCache
+from ._step_cache import DEFAULT_MAX_LAYOUTS, StepCache
 from ._step_runner import StepRunner
 from ._watchdog import Watchdog
 
@@ -88,6 +88,9 @@ class Trainer:
     :param run_dir: where plugins write files (``report.json``); none if ``None``.
     :param started_at: when the wall clock starts (``time.time()``); the call
         to :meth:`fit` if ``None``.
+    :param max_cached_layouts: keep the compiled steps of at most this many
+        layouts (least recently used out first; never the one in use), so that
+        a long run through many resizes does not grow without bound.
     :param preemption_signal: a signal that stops training like SIGTERM and
         Ctrl-C do (``"SIGUSR1"``): at the next step boundary, with a checkpoint
         of the last committed step (:class:`~elastic_trainer.Preempted`).
@@ -120,15 +123,18 @@ class Trainer:
         run_dir: str | Path | None = None,
         started_at: float | None = None,
         preemption_signal: str | int | None = None,
+        max_cached_layouts: int = DEFAULT_MAX_LAYOUTS,
     ):
         check_trainer_settings(steps=steps, global_batch_size=global_batch_size, snapshot_period=snapshot_period,
-                               step_timeout_s=step_timeout_s, within_slice=within_slice)
+                               step_timeout_s=step_timeout_s, within_slice=within_slice,
+                               max_cached_layouts=max_cached_layouts)
         if resume and checkpointer is None:
             raise ConfigError("resuming needs a checkpointer; pass checkpointer= (checkpoint.dir from the CLI).")
         self.cluster = SimulatedCluster() if cluster is None else cluster
         self.model, self.loss_fn, self.optimizer, self.data = model, loss_fn, optimizer, data
         self.steps, self.global_batch_size, self.seed = steps, global_batch_size, seed
         self.within_slice, self.snapshot_period = within_slice, snapshot_period
+        self.max_cached_layouts = max_cached_layouts
         self.checkpointer, self.resume = checkpointer, resume
         self.run_dir = None if run_dir is None else Path(run_dir)
         self.started_at = started_at
@@ -254,7 +260,8 @@ class Trainer:
             sample = jax.tree.map(np.asarray, self.data.get_batch(np.zeros(1, dtype=np.int64)))
             step_fn = make_step_fn(self.loss_fn, self.optimizer, static)
             check_fits(step_fn, arrays, sample)
-            step_cache = StepCache(step_fn, arrays, sample, within_slice=self.within_slice)
+            step_cache = StepCache(step_fn, arrays, sample, within_slice=self.within_slice,
+                                   max_layouts=self.max_cached_layouts)
         self._ctx = ctx = TrainingContext(
             cluster=self.cluster, hooks=self.hook, plugin_manager=self.plugin_manager, view=self, clock=clock,
             failures=self._failures, layouts=Layouts(cluster=self.cluster, hooks=self.hook, view=self, clock=clock,

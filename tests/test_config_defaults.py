@@ -67,7 +67,7 @@ NOT_DEFAULTS = {  # YAML values that differ from their constructor's default on 
     "chaos/schedule.seed": "${seed}: the run's seed",
 }
 SHARED_DEFAULTS = [  # (schema, the callable it configures, the fields that take that callable's defaults)
-    (TrainerConfig, et.Trainer, {"within_slice", "snapshot_period", "step_timeout_s", "preemption_signal"}),
+    (TrainerConfig, et.Trainer, {"within_slice", "snapshot_period", "step_timeout_s", "preemption_signal", "max_cached_layouts"}),
     (CheckpointConfig, et.Checkpointer, {"period", "mtbf_s", "max_to_keep", "async_save", "max_failed_saves"}),
     (CheckpointConfig, et.Trainer, {"resume"}),
 ]

@@ -132,8 +132,8 @@ def test_stop_signals_and_their_exit_statuses():
     assert stop_signals() == (signal.SIGTERM, signal.SIGINT)
     assert stop_signals("SIGUSR1")[-1] == stop_signals(10)[-1] == parse_signal("usr1") == signal.SIGUSR1
     assert (exit_status(signal.SIGTERM), exit_status(signal.SIGINT)) == (143, 130)
-    for bad, message in [("SIGFOO", "preemption_signal 'SIGFOO' is not a signal"),
-                         ("KILL", "preemption_signal SIGKILL cannot be caught")]:
+    for bad, message in [("SIGFOO", "trainer.preemption_signal 'SIGFOO' is not a signal"),
+                         ("KILL", "trainer.preemption_signal SIGKILL cannot be caught")]:
         with pytest.raises(et.ConfigError, match=message) as error:
             stop_signals(bad)
         one_sentence(str(error.value))

@@ -45,6 +45,7 @@ def build_trainer(
         snapshot_period=cfg.trainer.snapshot_period,
         step_timeout_s=cfg.trainer.step_timeout_s,
         preemption_signal=cfg.trainer.preemption_signal,
+        max_cached_layouts=cfg.trainer.max_cached_layouts,
         strategy=strategy if strategy is not None else build_strategy(cfg),
         plugins=[_instantiate(cfg, group) for group in ("chaos", "logger") if cfg[group] is not None],
         seed=cfg.seed,

@@ -58,6 +58,7 @@ class TrainerConfig:
     step_timeout_s: float = default_of(Trainer, "step_timeout_s")
     compilation_cache_dir: str | None = None
     preemption_signal: str | None = default_of(Trainer, "preemption_signal")
+    max_cached_layouts: int = default_of(Trainer, "max_cached_layouts")
 
     def __post_init__(self):
         check_trainer_settings(
@@ -66,6 +67,7 @@ class TrainerConfig:
             snapshot_period=self.snapshot_period,
             step_timeout_s=self.step_timeout_s,
             within_slice=self.within_slice,
+            max_cached_layouts=self.max_cached_layouts,
         )
         stop_signals(self.preemption_signal)  # a name that is no signal, or one that cannot be caught
         if self.compilation_cache_dir and Path(self.compilation_cache_dir).is_file():

@@ -13,13 +13,15 @@ from .._period import check_mtbf
 
 
 def check_trainer_settings(
-    *, steps: int, global_batch_size: int, snapshot_period: int, step_timeout_s: float, within_slice: str
+    *, steps: int, global_batch_size: int, snapshot_period: int, step_timeout_s: float, within_slice: str,
+    max_cached_layouts: int,
 ) -> None:
     """Raise :class:`ConfigError` with one sentence for any bad ``trainer.*`` value."""
     check_at_least("trainer.steps", steps, 1)
     check_at_least("trainer.global_batch_size", global_batch_size, 1)
     check_at_least("trainer.snapshot_period", snapshot_period, 0)
     check_at_least("trainer.step_timeout_s", step_timeout_s, 0)
+    check_at_least("trainer.max_cached_layouts", max_cached_layouts, 1)
     if within_slice not in ("replicated", "sharded"):
         raise ConfigError(f"trainer.within_slice must be 'replicated' or 'sharded', got {within_slice!r}.")
 
