@@ -206,6 +206,8 @@ class Checkpointer:
         if not self._saves_here():
             return []
         ended = [outcome for outcome in [self.wait()] if outcome is not None]
+        if step in self.manager.all_steps() and step not in self._unreadable:
+            return ended  # re-reached after a roll-back (to an older snapshot): the checkpoint committed for it stands
         metadata = {**metadata, CHECKSUMS_KEY: checksums(arrays)}
         if len(self.processes) == 1 and jax.process_count() > 1:
             # Orbax refuses a jax.Array that one process of several holds whole ("host local"); this process

@@ -67,7 +67,8 @@ class AbstractMetricsSink(abc.ABC):
         for category, seconds in report["badput_s"].items():
             self.write(f"badput/{category}_s", seconds, end)
         for failure in report["failures"]:
-            self.write("failures/recovery_s", failure["recovery_s"], failure["step"])
+            if failure["recovery_s"] is not None:  # null: the run ended before it recovered
+                self.write("failures/recovery_s", failure["recovery_s"], failure["step"])
             self.write("failures/lost_steps", failure["lost_steps"], failure["step"])
         self.close()
 

@@ -53,3 +53,20 @@ def test_a_restore_that_loses_a_slice_is_recovered_from_like_any_failure(tiny_tr
     assert int(state.step) == 5 and report["steps_completed"] == 5
     assert report["samples"] == {"consumed": 5 * BATCH, "duplicated": 0, "skipped": 0}
     assert all(np.isfinite(leaf).all() for leaf in params_of(state))
+
+
+def test_a_step_saved_before_a_roll_back_keeps_its_checkpoint_when_reached_again(tiny_trainer_kwargs, tmp_path):
+    # Every slice lost in step 5, just after step 4 was saved: the state comes back from the snapshot of
+    # step 3, step 4 is trained again, and its save is due again; the checkpoint committed for it stands.
+    baseline = et.Trainer(**tiny_trainer_kwargs(steps=6, global_batch_size=BATCH)).fit()
+    chaos = Chaos(failures=[{"at_step": 4, "slice": s, "down_for_s": 0.3} for s in range(4)])
+    state, report = et.Trainer(**tiny_trainer_kwargs(
+        steps=6, global_batch_size=BATCH, snapshot_period=3, strategy=ScaleDown(compile_ahead=False),
+        plugins=[chaos], checkpointer=et.Checkpointer(tmp_path, period=4, max_to_keep=10),
+    )).fit()
+    (failure,) = report["failures"]
+    assert (failure["step"], failure["restored_from"], failure["lost_steps"]) == (4, "snapshot", 1)
+    assert saved_steps(tmp_path) == [4, 6] and report["steps_completed"] == 6
+    assert report["samples"] == {"consumed": 6 * BATCH, "duplicated": 0, "skipped": 0}
+    for a, b in zip(params_of(baseline.state), params_of(state), strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)

@@ -70,7 +70,8 @@ TABLE = Path(__file__).parents[1] / "docs" / "fault_matrix.md"
 WRITE_TABLE_ENV = "ELASTIC_TRAINER_WRITE_FAULT_MATRIX"
 
 STRATEGIES = {
-    "scale_down": lambda: ScaleDown(compile_ahead=False),  # the CLI tests cover compiling ahead
+    "scale_down": lambda: ScaleDown(compile_ahead=False, timeout_s=0),  # the CLI tests cover compiling ahead;
+    # timeout_s=0: with every slice lost for good, stop at once rather than wait for one (tests/test_soak.py waits)
     "pause_resume": lambda: PauseResume(timeout_s=30),
     "full_restart": lambda: FullRestart(max_restarts=3),
 }

@@ -30,7 +30,7 @@ from elastic_trainer_plugins.scale_down import ScaleDown
 
 EXAMPLES = 8
 NEW_STRATEGY = {  # bounded in time: pause_resume gives up after 1 s without its slices
-    "scale_down": lambda: ScaleDown(compile_ahead=False),  # the CLI tests cover compiling ahead
+    "scale_down": lambda: ScaleDown(compile_ahead=False, timeout_s=0),  # the CLI tests cover compiling ahead
     "pause_resume": lambda: PauseResume(timeout_s=1.0),
     "full_restart": lambda: FullRestart(max_restarts=MAX_WORKERS),
 }

@@ -38,7 +38,7 @@ class Quorum:
     @et.hookimpl
     def et_choose_recovery(self, trainer: et.Trainer, failure: et.Failure) -> et.RecoveryPlan:
         """Plan to go on at once with the healthy slices, needing a quorum of them."""
-        self.retries.spend()
+        self.retries.spend(failure.step)
         total = len(trainer.cluster.slice_devices())
         needed = self.min_slices(total)
         healthy = trainer.hook.et_slice_health(trainer=trainer)
