@@ -60,7 +60,7 @@ def test_what_the_run_could_not_do_is_refused_before_training(tmp_path, case, me
      "strategy has no key 'min_slices' (did you mean strategy.min_slice_count?)"),
     (["+strategy=pause_then_scale_down", "strategy.strategies.0.timeout=2"],  # a plain config takes new keys
      "strategy.strategies.0 has no key 'timeout' (did you mean strategy.strategies.0.timeout_s?); its keys are: "
-     "timeout_s, max_retries, or add it with +strategy.strategies.0.timeout=<value>."),
+     "timeout_s, max_retries, retry_reset_steps, or add it with +strategy.strategies.0.timeout=<value>."),
     (["trainer.xyz=3"], "trainer has no key 'xyz'; its keys are: steps, "),
 ])
 def test_a_key_that_does_not_exist_gets_the_closest_one_suggested(case, message):
