@@ -12,10 +12,11 @@ from typing import Any, Literal
 import jax
 import numpy as np
 import orbax.checkpoint as ocp
+from jax.experimental import multihost_utils
 from jaxtyping import PyTree
 
 from ._checkpoint_io import SaveEnded, io_cause, log_closed_loop_noise, remove_temporary
-from ._checksums import CHECKSUMS_KEY, checksums, verify_checksums
+from ._checksums import CHECKSUMS_KEY, checksums, compile_checksums, verify_checksums
 from ._failures import CheckpointWarning, ConfigError
 from .clusters._group_barrier import GroupBarrier, hide_given_up_saves
 from ._period import YoungDalyPeriod
@@ -99,7 +100,21 @@ class Checkpointer:
         """The processes that save together: every process of the job, until :meth:`regroup`."""
         self._barrier = self._group_barrier(self.processes)
         self.manager = self._new_manager(active_processes=None, barrier=self._barrier)
+        if self._barrier is not None:
+            self._compile_orbax_barrier()
         log_closed_loop_noise()
+
+    def _compile_orbax_barrier(self) -> None:
+        """Compile, and pass once, the collective that Orbax's barriers over every process are (JAX's
+        ``sync_global_devices``, an all-gather), with every process ready first.
+
+        Compiled at the first save instead, it would start in one process
+        while another still compiles it (on a busy machine, after more than
+        ``cluster.collective_timeout_s``) and fail the save with every process
+        alive.
+        """
+        self._barrier(key="orbax-barrier", timeout_ms=REGROUP_TIMEOUT_S * 1000)
+        multihost_utils.sync_global_devices("elastic_trainer/checkpointer")
 
     def _new_manager(
         self, *, active_processes: set[int] | None, barrier: GroupBarrier | None
@@ -196,6 +211,12 @@ class Checkpointer:
             "auto": None if self.auto_period is None else self.auto_period.choice,
         }
 
+    def prepare_save(self, arrays: PyTree) -> None:
+        """Everything of a save of ``arrays`` that a process does on its own (compiling the checksums), so that
+        a barrier between this and :meth:`save` lets every process start the save's collectives together."""
+        if self._saves_here():
+            compile_checksums(arrays)
+
     def save(self, step: int, arrays: PyTree, metadata: dict[str, Any]) -> list[SaveEnded]:
         """Start saving ``arrays`` and ``metadata`` (with the arrays' checksums) as step ``step``.
 
@@ -283,6 +304,7 @@ class Checkpointer:
         :class:`ChecksumMismatch` when an array read differs from the one saved.
         """
         self._check_same_state(step, like)
+        compile_checksums(like)  # before Orbax's closing barrier, so that the processes verify together
         abstract = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=a.sharding), like)
         state = ocp.args.PyTreeRestore(abstract, restore_args=ocp.checkpoint_utils.construct_restore_args(abstract))
         restored = self.manager.restore(step, args=ocp.args.Composite(state=state, metadata=ocp.args.JsonRestore()))

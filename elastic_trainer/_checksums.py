@@ -4,11 +4,18 @@ Each array's checksum is two 32-bit words over its bits (viewed as unsigned
 32-bit integers): their sum, and their sum weighted by each word's odd
 position number, both modulo 2**32. Integer sums are exact in any order, so
 a checksum is the same for the same values on any mesh and any sharding,
-whichever devices reduce which part. One jitted call computes every array's
+whichever devices reduce which part. One compiled program computes every array's
 checksum where the array lives; only 8 bytes per array leave the devices.
+
+In a job of several processes that program reduces across them, so it is
+compiled first (:func:`compile_checksums`, on its own in each process) and
+run once every process is ready: a collective that one process enters while
+another is still compiling would time out on a busy machine.
 """
 
 from __future__ import annotations
+
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -50,10 +57,31 @@ def _checksum(array: jax.Array) -> jax.Array:
 
 _tree_checksums = jax.jit(lambda arrays: jax.tree.map(_checksum, arrays))
 
+MAX_COMPILED = 8
+"""Compiled checksum programs kept, one per shapes and shardings (a layout), like ``trainer.max_cached_layouts``."""
+
+
+@functools.lru_cache(maxsize=MAX_COMPILED)
+def _compiled(signature: tuple[jax.tree_util.PyTreeDef, tuple[jax.ShapeDtypeStruct, ...]]) -> jax.stages.Compiled:
+    structure, leaves = signature
+    return _tree_checksums.lower(structure.unflatten(leaves)).compile()
+
+
+def _program(arrays: PyTree) -> jax.stages.Compiled:
+    """The compiled checksum program for arrays of ``arrays``' structure, shapes, dtypes and shardings."""
+    leaves, structure = jax.tree.flatten(arrays)
+    signature = tuple(jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=getattr(a, "sharding", None)) for a in leaves)
+    return _compiled((structure, signature))
+
+
+def compile_checksums(arrays: PyTree) -> None:
+    """Compile the program that :func:`checksums` runs on arrays like ``arrays``, without running it."""
+    _program(arrays)
+
 
 def checksums(arrays: PyTree) -> dict[str, str]:
     """``{"params.blocks.0.weight": "0123abcd4567ef89"}``: every array's checksum, as 16 hex digits."""
-    words = jax.device_get(_tree_checksums(arrays))
+    words = jax.device_get(_program(arrays)(arrays))
     return {
         jax.tree_util.keystr(path, simple=True, separator="."): f"{int(pair[0]):08x}{int(pair[1]):08x}"
         for path, pair in jax.tree_util.tree_leaves_with_path(words)

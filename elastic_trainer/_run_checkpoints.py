@@ -86,7 +86,8 @@ class RunCheckpoints:
         """Save ``state``; if a slice is lost meanwhile, the save is discarded and the failure raised.
 
         The save in flight before ends first, so that its failure is its own
-        step's. Raises :class:`TrainingStopped`, without starting this save,
+        step's. Each process then does what it does alone, and the processes
+        meet (the cluster's check) before the save's collectives start. Raises :class:`TrainingStopped`, without starting this save,
         when that failure is the ``max_failed_saves``-th in a row, and after
         it when this save fails at once and is.
         """
@@ -100,6 +101,8 @@ class RunCheckpoints:
         try:
             ended = [outcome for outcome in [self.checkpointer.wait()] if outcome is not None]
             if self._failures_in_a_row_after(ended) < self.checkpointer.max_failed_saves:
+                self.checkpointer.prepare_save(state.arrays)
+                self._cluster.check_step(slices, since=state.incarnations)  # every process ready: its collectives
                 ended += self.checkpointer.save(step, state.arrays, metadata)
         except Exception:
             try:
