@@ -21,6 +21,8 @@ from test_config import compose_config
 import elastic_trainer as et
 from elastic_trainer._preemption import exit_status, parse_signal, stop_signals
 from elastic_trainer.config._build import build_trainer
+from elastic_trainer.launch._launcher import _job_status as launcher_status
+from elastic_trainer.launch._supervisor import restart_until_done
 
 # a long run whose training does not depend on trainer.steps (a fixed decay), so that it can be stopped
 # anywhere and resumed to any step, and compared with a run of that many steps
@@ -137,3 +139,21 @@ def test_stop_signals_and_their_exit_statuses():
         with pytest.raises(et.ConfigError, match=message) as error:
             stop_signals(bad)
         one_sentence(str(error.value))
+
+
+@pytest.mark.parametrize("codes", [[-signal.SIGTERM, 3], [3, -signal.SIGTERM], [143, 3]])
+def test_a_job_stopped_by_a_signal_ends_with_its_status_whatever_its_processes_said(tmp_path, codes):
+    # A SIGTERM that reaches one process while it still starts (before it handles signals) kills it; the other
+    # then fails for the loss (3). The job was stopped all the same: 143, not 3, and no attempt follows.
+    attempts = []
+
+    def run_attempt(overrides, attempt, stop):
+        attempts.append(attempt)
+        os.kill(os.getpid(), signal.SIGTERM)  # the stop request's handler notes it
+        return launcher_status(codes), False
+
+    status = restart_until_done(
+        run_attempt, overrides=[], run_dir=tmp_path, max_restarts=3, started_at=time.time(),
+        restarting="all processes", giving_up="the group", stop_signals=[signal.SIGTERM],
+    )
+    assert (status, attempts) == (143, [0])

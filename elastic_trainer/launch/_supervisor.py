@@ -96,9 +96,10 @@ def restart_until_done(
 
     A stop signal (one of ``stop_signals``) goes on to the attempt's
     processes (:class:`StopRequest`), which save their last committed step
-    and end; no attempt starts after it, and the status is theirs (143 after
-    SIGTERM), or 128 + the signal's number when they were killed for not
-    ending in time or asked for a restart.
+    and end; no attempt starts after it, and unless they finished training
+    the status is 128 + the signal's number (143 after SIGTERM), whatever
+    theirs: a process that the signal reached before it could handle it (still
+    starting) dies of it, and the others' failure that follows is the stop's too.
     """
     kept = [o for o in overrides if not o.startswith(("hydra.run.dir=", "checkpoint.resume="))]
     resume = [o for o in overrides if o.startswith("checkpoint.resume=")]
@@ -107,7 +108,7 @@ def restart_until_done(
         while True:
             attempt = len(reports)
             status, trained = run_attempt(kept + resume, attempt, stop)
-            if stop.signum is not None and (status < 0 or status == RESTART_EXIT_CODE):
+            if stop.signum is not None and status != 0:
                 status = exit_status(stop.signum)  # stopped: never restarted
             if not trained:
                 return status  # nothing trained (bad input, or stopped first): the attempt said why
