@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import time
-import warnings
 from collections.abc import Collection
 from pathlib import Path
 from typing import Any, Literal
@@ -15,15 +14,12 @@ import orbax.checkpoint as ocp
 from jax.experimental import multihost_utils
 from jaxtyping import PyTree
 
-from ._checkpoint_io import SaveEnded, io_cause, log_closed_loop_noise, remove_temporary
+from ._checkpoint_io import FailedSaves, SaveEnded, log_closed_loop_noise, move_aside
 from ._checksums import CHECKSUMS_KEY, checksums, compile_checksums, verify_checksums
-from ._failures import CheckpointWarning, ConfigError
+from ._failures import ConfigError
 from .clusters._group_barrier import GroupBarrier, hide_given_up_saves
 from ._period import YoungDalyPeriod
 from .config._settings import check_checkpoint_settings
-
-UNREADABLE_SUFFIX = ".unreadable"
-"""An unreadable checkpoint that a resumed run reaches again is moved aside to ``<step>.unreadable``."""
 
 REGROUP_TIMEOUT_S = 300
 """How long the processes of a new save group wait for each other when they form it (Orbax's own barrier timeout)."""
@@ -94,7 +90,7 @@ class Checkpointer:
         self._async_save = async_save
         self.max_failed_saves = max_failed_saves
         self._in_flight: int | None = None  # the step whose asynchronous save may still be committing
-        self._failed_steps: set[int] = set()  # saves that failed for I/O: their temporary folders must go
+        self._failed_saves = FailedSaves(self.directory)
         self._groups = 0  # how many times the processes regrouped
         self.processes = frozenset(range(jax.process_count()))
         """The processes that save together: every process of the job, until :meth:`regroup`."""
@@ -236,35 +232,25 @@ class Checkpointer:
             arrays = jax.tree.map(np.asarray, arrays)
         try:
             if step in self._unreadable:
-                self._move_aside(step)
+                move_aside(self.directory, step)
+                self.manager.reload()
+                self._unreadable.discard(step)
             self.manager.save(
                 step,
                 args=ocp.args.Composite(state=ocp.args.PyTreeSave(arrays), metadata=ocp.args.JsonSave(metadata)),
                 force=True,
             )
         except Exception as error:
-            return [*ended, self._failed(step, error)]
+            return [*ended, self._failed_saves.add(step, error, primary=self._primary())]
         if self._async_save:
             self._in_flight = step
         else:
             ended.append(SaveEnded(step, time.time()))
         return ended
 
-    def _failed(self, step: int, error: Exception) -> SaveEnded:
-        """The failure of ``step``'s save for I/O, its temporary folder removed; ``error`` raised if not I/O."""
-        cause = io_cause(error)
-        if cause is None:
-            raise error
-        self._failed_steps.add(step)
-        self._remove_failed_saves()
-        return SaveEnded(step, time.time(), cause)
-
-    def _remove_failed_saves(self) -> None:
-        """Remove the temporary folders of the saves that failed for I/O, on Orbax's primary host (which owns
-        the folders). Again at every wait: tensorstore's writes still under way when Orbax reported the failure
-        may have created a folder anew."""
-        if self._failed_steps and jax.process_index() == min(self.processes):
-            remove_temporary(self.directory, self._failed_steps)
+    def _primary(self) -> bool:
+        """Whether this process is Orbax's primary host, which owns the checkpoint folders."""
+        return jax.process_index() == min(self.processes)
 
     def discard(self, step: int) -> None:
         """Make sure the save of ``step`` never becomes restorable: let it end, then delete it.
@@ -303,45 +289,13 @@ class Checkpointer:
         state (other arrays, shapes or dtypes), before reading any array, and
         :class:`ChecksumMismatch` when an array read differs from the one saved.
         """
-        self._check_same_state(step, like)
+        _check_same_state(self.manager, self.directory, step, like)
         compile_checksums(like)  # before Orbax's closing barrier, so that the processes verify together
         abstract = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=a.sharding), like)
         state = ocp.args.PyTreeRestore(abstract, restore_args=ocp.checkpoint_utils.construct_restore_args(abstract))
         restored = self.manager.restore(step, args=ocp.args.Composite(state=state, metadata=ocp.args.JsonRestore()))
         verify_checksums(restored.state, restored.metadata.get(CHECKSUMS_KEY))
         return restored.state, restored.metadata
-
-    def _check_same_state(self, step: int, like: PyTree) -> None:
-        """Raise :class:`ConfigError` unless step ``step`` holds arrays with ``like``'s names, shapes and dtypes."""
-        stored = _flat_arrays(self.manager.item_metadata(step)["state"])
-        wanted = _flat_arrays(like)
-        if not stored:
-            return  # no array metadata to compare with: Orbax's own restore decides
-        difference = _first_difference(stored, wanted)
-        if difference:
-            raise ConfigError(
-                f"the checkpoint of step {step} in {self.directory} holds another model's state ({difference}); "
-                "resume with the model and optimizer it was saved with, or choose another checkpoint.dir."
-            )
-
-    def _move_aside(self, step: int) -> None:
-        """Move the unreadable checkpoint of ``step`` to ``<step>.unreadable``, so a new save of ``step`` can go ahead."""
-        source = self.directory / str(step)
-        target = self.directory / f"{step}{UNREADABLE_SUFFIX}"
-        number = 1
-        while target.exists():
-            number += 1
-            target = self.directory / f"{step}{UNREADABLE_SUFFIX}{number}"
-        if source.exists():
-            source.rename(target)
-            warnings.warn(
-                f"the unreadable checkpoint of step {step} was moved aside to {target}, untouched, "
-                f"to save step {step} anew.",
-                CheckpointWarning,
-                stacklevel=3,
-            )
-        self.manager.reload()
-        self._unreadable.discard(step)
 
     def wait(self) -> SaveEnded | None:
         """Block until the save in flight has ended; how it ended, or ``None`` when none was in flight.
@@ -354,14 +308,28 @@ class Checkpointer:
         except Exception as error:
             if step is None:
                 raise
-            return self._failed(step, error)
-        self._remove_failed_saves()
+            return self._failed_saves.add(step, error, primary=self._primary())
+        self._failed_saves.remove_leftovers(primary=self._primary())
         return None if step is None else SaveEnded(step, time.time())
 
     def close(self) -> None:
         """Finish pending saves and release Orbax's resources (a last save that fails for I/O commits nothing)."""
         self.wait()
         self.manager.close()
+
+
+def _check_same_state(manager: ocp.CheckpointManager, directory: Path, step: int, like: PyTree) -> None:
+    """Raise :class:`ConfigError` unless step ``step`` holds arrays with ``like``'s names, shapes and dtypes."""
+    stored = _flat_arrays(manager.item_metadata(step)["state"])
+    wanted = _flat_arrays(like)
+    if not stored:
+        return  # no array metadata to compare with: Orbax's own restore decides
+    difference = _first_difference(stored, wanted)
+    if difference:
+        raise ConfigError(
+            f"the checkpoint of step {step} in {directory} holds another model's state ({difference}); "
+            "resume with the model and optimizer it was saved with, or choose another checkpoint.dir."
+        )
 
 
 def _state_handler(multiprocessing: ocp.options.MultiprocessingOptions) -> ocp.PyTreeCheckpointHandler:

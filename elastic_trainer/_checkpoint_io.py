@@ -1,5 +1,5 @@
-"""Failed checkpoint writes: which errors are the storage's, what a failed save leaves behind, and the noise of
-Orbax's background threads kept off the terminal."""
+"""Failed checkpoint writes: which errors are the storage's, what a failed save leaves behind, unreadable
+checkpoints moved aside, and the noise of Orbax's background threads kept off the terminal."""
 
 from __future__ import annotations
 
@@ -9,15 +9,22 @@ import os
 import re
 import shutil
 import sys
+import time
+import warnings
 from collections.abc import Collection
 from pathlib import Path
 from typing import NamedTuple
 
 import orbax.checkpoint as ocp
 
+from ._failures import CheckpointWarning
+
 BACKGROUND_LOGGER = "elastic_trainer.orbax"
 """The logger that gets what Orbax's background work raises where nobody catches it; the command line's
 ``hydra.job_logging`` writes it to the run's log file only."""
+
+UNREADABLE_SUFFIX = ".unreadable"
+"""An unreadable checkpoint that a resumed run reaches again is moved aside to ``<step>.unreadable``."""
 
 _TENSORSTORE_ERRNO = re.compile(r"\[os_error_code='(\d+)'\]")
 """How tensorstore (Orbax's array writer) names the OS error of a failed write in its ``ValueError``."""
@@ -69,6 +76,50 @@ def remove_temporary(directory: Path, steps: Collection[int]) -> None:
     for name in ocp.path.step.tmp_checkpoints(directory):
         if ocp.path.step.step_from_checkpoint_name(name) in steps:
             shutil.rmtree(directory / name, ignore_errors=True)
+
+
+class FailedSaves:
+    """The saves into ``directory`` that failed for I/O, and the temporary folders they leave behind.
+
+    Only Orbax's primary host removes folders (it owns them), and it does so
+    again at every :meth:`remove_leftovers`: tensorstore's writes still under
+    way when Orbax reported the failure may create a folder anew.
+    """
+
+    def __init__(self, directory: Path):
+        self._directory = directory
+        self._steps: set[int] = set()
+
+    def add(self, step: int, error: Exception, *, primary: bool) -> SaveEnded:
+        """How the save of ``step`` ended, having failed with ``error``; ``error`` is raised unless it is I/O."""
+        cause = io_cause(error)
+        if cause is None:
+            raise error
+        self._steps.add(step)
+        self.remove_leftovers(primary=primary)
+        return SaveEnded(step, time.time(), cause)
+
+    def remove_leftovers(self, *, primary: bool) -> None:
+        """Remove the failed saves' temporary folders, when this process is the primary host (``primary``)."""
+        if self._steps and primary:
+            remove_temporary(self._directory, self._steps)
+
+
+def move_aside(directory: Path, step: int) -> None:
+    """Move the unreadable checkpoint of ``step`` to ``<step>.unreadable`` (numbered if taken), untouched, with a
+    warning, so that a new save of ``step`` can go ahead."""
+    source, target, number = directory / str(step), directory / f"{step}{UNREADABLE_SUFFIX}", 1
+    while target.exists():
+        number += 1
+        target = directory / f"{step}{UNREADABLE_SUFFIX}{number}"
+    if source.exists():
+        source.rename(target)
+        warnings.warn(
+            f"the unreadable checkpoint of step {step} was moved aside to {target}, untouched, "
+            f"to save step {step} anew.",
+            CheckpointWarning,
+            stacklevel=4,
+        )
 
 
 def _is_closed_loop_noise(unraisable: sys.UnraisableHookArgs) -> bool:
