@@ -28,7 +28,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 from jax._src import distributed
 from jax.experimental import multihost_utils
@@ -79,6 +79,26 @@ class Preempted(TrainingStopped):
         self.exit_status = exit_status(signum)
 
 
+@contextlib.contextmanager
+def signal_handlers(signals: Sequence[int], handler: Callable[[int, object], None]) -> Iterator[None]:
+    """Handle each of ``signals`` with ``handler`` while entered, then restore the handlers there were.
+
+    Python installs handlers only from the main thread: elsewhere none is installed.
+    """
+    previous: dict[int, object] = {}
+    try:
+        for signum in signals:
+            try:
+                previous[signum] = signal.signal(signum, handler)
+            except ValueError:  # not the main thread
+                break
+        yield
+    finally:
+        for signum, handler_before in previous.items():
+            with contextlib.suppress(ValueError, TypeError):
+                signal.signal(signum, handler_before)
+
+
 def _jax_preemption_service() -> bool:
     """Whether JAX's preemption sync manager runs (a multi-process job started by ``jax.distributed``)."""
     return distributed.global_state.preemption_sync_manager is not None
@@ -97,7 +117,7 @@ class PreemptionWatch:
         self.signals = tuple(signals)
         self.received: int | None = None
         self._stopping = False
-        self._previous: dict[int, object] = {}
+        self._handlers = contextlib.ExitStack()
 
     def _note(self, signum: int, frame: object) -> None:
         if self.received is not None:  # a second signal: no more waiting
@@ -123,18 +143,9 @@ class PreemptionWatch:
         return self.received or signal.SIGTERM
 
     def __enter__(self) -> PreemptionWatch:
-        for signum in self.signals:
-            if signum == signal.SIGTERM and _jax_preemption_service():
-                continue  # JAX's own handler
-            try:
-                self._previous[signum] = signal.signal(signum, self._note)
-            except ValueError:  # not the main thread
-                break
+        own = [s for s in self.signals if not (s == signal.SIGTERM and _jax_preemption_service())]  # else JAX's
+        self._handlers.enter_context(signal_handlers(own, self._note))
         return self
 
     def __exit__(self, *exc_info) -> None:
-        for signum, previous in self._previous.items():
-            with contextlib.suppress(ValueError, TypeError):
-                signal.signal(signum, previous)
-        self._previous.clear()
-
+        self._handlers.close()

@@ -12,6 +12,8 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import IO
 
+from .._preemption import signal_handlers
+
 POLL_S = 0.05
 """How often running children are polled."""
 
@@ -56,7 +58,7 @@ class StopRequest:
         self.signum: int | None = None
         self._received_at: float | None = None
         self.groups: list[ProcessGroup] = []  # the groups open now, whose children get the signals
-        self._previous: dict[int, object] = {}
+        self._handlers = contextlib.ExitStack()
 
     def _pass_on(self, signum: int, frame: object) -> None:
         if self.signum is None:
@@ -69,17 +71,11 @@ class StopRequest:
         return self._received_at is not None and time.monotonic() - self._received_at > self.grace_s
 
     def __enter__(self) -> StopRequest:
-        for signum in self.signals:
-            try:
-                self._previous[signum] = signal.signal(signum, self._pass_on)
-            except ValueError:  # not the main thread
-                break
+        self._handlers.enter_context(signal_handlers(self.signals, self._pass_on))
         return self
 
     def __exit__(self, *exc_info) -> None:
-        for signum, previous in self._previous.items():
-            signal.signal(signum, previous)
-        self._previous.clear()
+        self._handlers.close()
 
 
 class ProcessGroup:
