@@ -55,16 +55,17 @@ def _checksum(array: jax.Array) -> jax.Array:
     return jnp.stack([jnp.sum(words, dtype=jnp.uint32), jnp.sum(words * weights, dtype=jnp.uint32)])
 
 
-_tree_checksums = jax.jit(lambda arrays: jax.tree.map(_checksum, arrays))
-
 MAX_COMPILED = 8
 """Compiled checksum programs kept, one per shapes and shardings (a layout), like ``trainer.max_cached_layouts``."""
 
 
 @functools.lru_cache(maxsize=MAX_COMPILED)
 def _compiled(signature: tuple[jax.tree_util.PyTreeDef, tuple[jax.ShapeDtypeStruct, ...]]) -> jax.stages.Compiled:
+    """The checksum program for ``signature``, jitted from a function of its own: JAX's caches, keyed on the
+    function, then let go of the executable when this cache does (as :class:`StepCache` does)."""
     structure, leaves = signature
-    return _tree_checksums.lower(structure.unflatten(leaves)).compile()
+    tree_checksums = jax.jit(lambda arrays: jax.tree.map(_checksum, arrays))
+    return tree_checksums.lower(structure.unflatten(leaves)).compile()
 
 
 def _program(arrays: PyTree) -> jax.stages.Compiled:

@@ -1,6 +1,8 @@
 """Silent corruption: bytes flipped inside an array's data, which Orbax decodes without error, are caught by the
 checksums kept in the checkpoint's metadata; the restore warns and uses the checkpoint before."""
 
+import gc
+import itertools
 import json
 
 import equinox as eqx
@@ -10,7 +12,7 @@ import orbax.checkpoint as ocp
 import pytest
 
 import elastic_trainer as et
-from elastic_trainer._checksums import CHECKSUMS_KEY, checksums
+from elastic_trainer._checksums import CHECKSUMS_KEY, MAX_COMPILED, checksums
 
 ZSTD_MAGIC = b"(\xb5/\xfd"
 
@@ -78,3 +80,14 @@ def test_checksums_are_the_same_on_any_mesh_and_a_checkpoint_without_them_still_
         steps=3, cluster=et.SimulatedCluster(2, 2), checkpointer=et.Checkpointer(tmp_path, period=10), resume=True,
     )).fit()
     assert resumed.report["resumed_from"] == 2
+
+
+def test_compiled_checksum_programs_stay_bounded_however_many_layouts_are_saved():
+    # one program per layout saved: a long elastic run visits many; evicted programs must free their executables
+    live = lambda: (gc.collect(), len(jax.devices()[0].client.live_executables()))[1]  # noqa: E731
+    before, values = live(), np.arange(48, dtype=np.float32)
+    for devices in list(itertools.combinations(jax.devices(), 2))[: 2 * MAX_COMPILED]:
+        mesh = jax.sharding.Mesh(devices, ("device",))
+        array = jax.device_put(values, jax.sharding.NamedSharding(mesh, jax.P("device")))
+        assert checksums({"a": array}) == checksums({"a": values})  # the same on any layout
+    assert live() - before <= MAX_COMPILED + 1  # the programs kept, and the copy's (one for every layout)
