@@ -20,7 +20,7 @@ DEFAULT_MAX_LAYOUTS = 8
 use, its 4 "one slice fewer" layouts compiled ahead and 3 more (the way back
 up) fit; a layout's executable of the tiny CPU model takes about 10 MB of host
 memory (more for a real model), and at N slices the layouts a run can visit are
-2^N - 1: an unbounded cache grew a 600-step soak from 0.97 to 1.86 GB."""
+2^N - 1: keeping all of them is no bound at scale."""
 
 
 class StepCache:
