@@ -222,6 +222,7 @@ def survive(ctx: TrainingContext, error: Exception, state: LoopState, *, phase: 
             raise
         except Exception as again:  # noqa: BLE001 - classified like any other failure
             error, phase = again, "recovery"
+    del error  # a failed attempt's traceback holds this frame: kept, it would hold the failed arrays in a cycle
     if not state.whole:  # nothing was trained here yet (a resume): the run's samples count from the state restored
         ctx.history.start_at(recovered.position)
     roll_back(ctx, recovered.step)
