@@ -64,18 +64,35 @@ class Layouts:
             mesh = make_mesh(self._hooks, self._view, [all_devices[i] for i in slices])
         batch_size, lr_scale = self._batch_for(mesh, slices, plan)
         with self._clock.measure("compile"):
-            compiled, shardings, compile_info = self._steps.get(mesh, batch_size)
+            compiled, shardings, compile_info = self._steps.get(mesh, batch_size, slices)
         self.current = Layout(slices, mesh, batch_size, lr_scale, compiled, shardings, **compile_info)
         return self.current
 
     def compile_likely(self, layout: Layout) -> None:
-        """Start compiling, in the background, the layouts plugins expect next (``et_likely_layouts``)."""
-        all_devices = self._cluster.slice_devices()
-        for slices in (s for layouts in self._hooks.et_likely_layouts(trainer=self._view) for s in layouts):
-            mesh = make_mesh(self._hooks, self._view, [all_devices[i] for i in sorted(slices)])
+        """Queue background compiles for the layouts plugins expect next (``et_likely_layouts``), likeliest first.
+
+        Likeliest first: the layouts that drop the fewest of ``layout``'s
+        slices, and among those the ones that drop the slices that failed most
+        often in this run (hardware that failed once is the likeliest to fail
+        again); the plugins' order breaks ties. The step cache compiles one at
+        a time in this order and only while it has room
+        (``trainer.max_cached_layouts``), so at N slices at most that many of
+        the N "one slice fewer" layouts are compiled ahead: a bounded cost at
+        any N (docs/architecture.md, "Compiles").
+        """
+        all_devices, failures = self._cluster.slice_devices(), self._cluster.incarnations()
+        likely = dict.fromkeys(tuple(sorted(s)) for layouts in self._hooks.et_likely_layouts(trainer=self._view)
+                               for s in layouts)
+
+        def likeliest_first(slices: tuple[int, ...]) -> tuple[int, int]:
+            dropped = [s for s in layout.slices if s not in slices]
+            return len(dropped), -sum(failures[s] for s in dropped)
+
+        for slices in sorted(likely, key=likeliest_first):
+            mesh = make_mesh(self._hooks, self._view, [all_devices[i] for i in slices])
             local = any(device.process_index == jax.process_index() for device in mesh.devices.flat)
             if mesh.size and layout.batch_size % mesh.size == 0 and local:  # a mesh without us is not ours to run
-                self._steps.compile_ahead(mesh, layout.batch_size)
+                self._steps.compile_ahead(mesh, layout.batch_size, slices)
 
     def maybe_resize(self, state: LoopState) -> LoopState:
         """Ask plugins whether to change slices at this step boundary (``et_propose_resize``); move the state if so."""

@@ -1,4 +1,4 @@
-"""Typed records of a run: its layout, the loop's state, and what the report says of failures and resizes.
+"""Typed records of a run: its layout, the loop's state, and what the report says of failures, resizes and compiles.
 
 Records are frozen: a change makes a new record (``dataclasses.replace``).
 """
@@ -153,6 +153,31 @@ class ResizeRecord:
             "slices_after": len(self.slices), "slices": list(self.slices), "seconds": self.seconds,
             "compile_s": self.compile_s, "compile_cached": self.compile_cached,
         }
+
+
+@dataclasses.dataclass(frozen=True)
+class CompileRecord:
+    """One layout's compiled step: when it was asked for and when it was ready, as ``report["compile_cache"]["layouts"]`` lists it.
+
+    :param slices: the layout's slices.
+    :param ahead: asked for ahead of need (:meth:`StepCache.compile_ahead`), not by a layout made now.
+    :param requested_at: when it was asked for (``time.time()``).
+    :param started_at: when its compile started (later than ``requested_at`` while others were compiling first).
+    :param ready_at: when it was ready to run (``None`` while compiling, or when the run ended first).
+    :param loaded: loaded from JAX's persistent compilation cache rather than compiled.
+    """
+
+    slices: tuple[int, ...]
+    ahead: bool
+    requested_at: float
+    started_at: float | None = None
+    ready_at: float | None = None
+    loaded: bool = False
+
+    def to_json(self) -> dict[str, Any]:
+        """The report's entry; ``compile_s`` is ``ready_at - started_at``."""
+        compile_s = None if self.ready_at is None or self.started_at is None else self.ready_at - self.started_at
+        return {**dataclasses.asdict(self), "slices": list(self.slices), "compile_s": compile_s}
 
 
 class FailureLog:

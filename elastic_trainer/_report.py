@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import jax
 from rich.table import Table
 
 from ._goodput import BADPUT_CATEGORIES
@@ -43,7 +44,11 @@ def run_report(trainer: Trainer, ctx: TrainingContext, state: LoopState) -> dict
         **ctx.clock.summary(),
         "failures": trainer.failures,
         "resizes": [resize.to_json() for resize in ctx.layouts.resizes],
-        "compile_cache": {"compiled_ahead": ctx.step_cache.compiled_ahead, "saved_s": ctx.step_cache.saved_s},
+        "compile_cache": {
+            "compiled_ahead": ctx.step_cache.compiled_ahead, "saved_s": ctx.step_cache.saved_s,
+            "evicted": ctx.step_cache.evicted, "persistent_cache_dir": jax.config.jax_compilation_cache_dir,
+            "layouts": [record.to_json() for record in ctx.step_cache.records],
+        },
         "checkpoint": None if trainer.checkpointer is None else trainer.checkpointer.describe(),
         "checkpoint_failures": [] if ctx.checkpoints is None else [f.to_json() for f in ctx.checkpoints.failed_saves],
         "resumed_from": history.resumed_from,

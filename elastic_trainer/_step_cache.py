@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import collections
 import concurrent.futures
+import dataclasses
 import functools
+import threading
 import time
+from collections.abc import Sequence
 from typing import Any
 
 import jax
@@ -13,6 +16,7 @@ from jax.sharding import Mesh
 from jaxtyping import PyTree
 
 from ._mesh import WithinSlice, batch_sharding
+from ._records import CompileRecord
 from ._step import StepFn, compile_step
 
 DEFAULT_MAX_LAYOUTS = 8
@@ -22,13 +26,28 @@ up) fit; a layout's executable of the tiny CPU model takes about 10 MB of host
 memory (more for a real model), and at N slices the layouts a run can visit are
 2^N - 1: keeping all of them is no bound at scale."""
 
+_persistent_cache_hits = threading.local()
+"""Per thread: how many compiles JAX loaded from its persistent compilation cache (``hits``)."""
+
+
+def _count_persistent_cache_hit(event: str, **_: object) -> None:
+    if event == "/jax/compilation_cache/cache_hits":  # recorded on the thread that asked for the compile
+        _persistent_cache_hits.hits = getattr(_persistent_cache_hits, "hits", 0) + 1
+
+
+jax.monitoring.register_event_listener(_count_persistent_cache_hit)  # once per process, when this module loads
+
 
 class StepCache:
     """Compiled steps by (devices, global batch): a resize back onto a known layout compiles nothing.
 
     :meth:`compile_ahead` compiles a likely next layout (one slice fewer, say)
-    on a background thread while training goes on, so a recovery onto it only
-    waits for what is left of that compile.
+    on a background thread while training goes on, one at a time in the order
+    asked, so a recovery onto it only waits for what is left of that compile;
+    a layout needed while its compile is still queued behind others is
+    compiled at once instead. With JAX's persistent compilation cache on, a
+    compile of a layout some earlier run compiled is a load. :attr:`records`
+    says when each layout was asked for and ready.
 
     At most ``max_layouts`` compiled steps are kept: the least recently used
     one goes first, never the layout in use (the last one :meth:`get` returned)
@@ -60,13 +79,17 @@ class StepCache:
         self.compiled_ahead = 0
         self.evicted = 0
         """Compiled steps dropped to keep within ``max_layouts``."""
+        self.records: list[CompileRecord] = []
+        """Every compile asked for, in order (an evicted layout's stays; a layout compiled again has a new one)."""
+        self._record_of: dict[tuple, int] = {}  # key -> index in records of its current compile
 
     def __len__(self) -> int:
         """Layouts whose step is compiled or being compiled."""
         return len(self._futures)
 
-    def get(self, mesh: Mesh, batch_size: int) -> tuple[Any, PyTree, dict[str, Any]]:
-        """The compiled step and state shardings for ``mesh``, now the layout in use, and how the compile went.
+    def get(self, mesh: Mesh, batch_size: int, slices: Sequence[int] = ()) -> tuple[Any, PyTree, dict[str, Any]]:
+        """The compiled step and state shardings for ``mesh`` (the layout of ``slices``), now the layout in use, and
+        how the compile went.
 
         The third value is ``{"compile_s", "compile_cached"}``: seconds spent
         here (compiling, or waiting for a compile started ahead) and whether a
@@ -75,10 +98,16 @@ class StepCache:
         begin = time.time()
         key = self._key(mesh, batch_size)
         future = self._futures.get(key)
+        queued = future is not None and future.cancel()  # behind other layouts' compiles: needed now, compiled now
+        if queued:
+            self.compiled_ahead -= 1  # its record stays: asked for ahead, started now
+            future = None
         cached = future is not None
         if future is None:
+            if not queued:
+                self._record(key, slices, ahead=False)
             future = concurrent.futures.Future()
-            future.set_result(self._compile(mesh, batch_size))
+            future.set_result(self._compile(mesh, batch_size, key))
             self._futures[key] = future
         compiled, shardings, compile_s = future.result()
         waited = time.time() - begin
@@ -89,11 +118,13 @@ class StepCache:
         self._evict()
         return compiled, shardings, {"compile_s": waited, "compile_cached": cached}
 
-    def compile_ahead(self, mesh: Mesh, batch_size: int) -> None:
-        """Start compiling for ``mesh`` on the background thread, unless already known or the cache is full."""
+    def compile_ahead(self, mesh: Mesh, batch_size: int, slices: Sequence[int] = ()) -> None:
+        """Queue a compile for ``mesh`` (the layout of ``slices``) on the background thread, unless already known
+        or the cache is full."""
         key = self._key(mesh, batch_size)
         if key not in self._futures and len(self._futures) < self.max_layouts:
-            self._futures[key] = self._background.submit(self._compile, mesh, batch_size)
+            self._record(key, slices, ahead=True)
+            self._futures[key] = self._background.submit(self._compile, mesh, batch_size, key)
             self.compiled_ahead += 1
 
     def close(self) -> None:
@@ -107,14 +138,23 @@ class StepCache:
             del self._futures[key]
             self.evicted += 1
 
-    def _compile(self, mesh: Mesh, batch_size: int) -> tuple[Any, PyTree, float]:
-        begin = time.time()
+    def _record(self, key: tuple, slices: Sequence[int], *, ahead: bool) -> None:
+        """Note that ``key``'s step (the layout of ``slices``) was asked for now."""
+        self._record_of[key] = len(self.records)
+        self.records.append(CompileRecord(slices=tuple(slices), ahead=ahead, requested_at=time.time()))
+
+    def _compile(self, mesh: Mesh, batch_size: int, key: tuple) -> tuple[Any, PyTree, float]:
+        begin, hits_before = time.time(), getattr(_persistent_cache_hits, "hits", 0)
+        index = self._record_of[key]
+        self.records[index] = dataclasses.replace(self.records[index], started_at=begin)
         batch = jax.tree.map(
             lambda leaf: jax.ShapeDtypeStruct((batch_size, *leaf.shape[1:]), leaf.dtype, sharding=batch_sharding(mesh)),
             self._sample,
         )
         step_fn = functools.wraps(self._step_fn)(lambda *args: self._step_fn(*args))  # this compile's own function
         compiled, shardings = compile_step(step_fn, self._abstract, batch, mesh, within_slice=self._within_slice)
+        loaded = getattr(_persistent_cache_hits, "hits", 0) > hits_before
+        self.records[index] = dataclasses.replace(self.records[index], ready_at=time.time(), loaded=loaded)
         return compiled, shardings, time.time() - begin
 
     @staticmethod

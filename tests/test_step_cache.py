@@ -12,7 +12,11 @@ import optax
 import elastic_trainer as et
 from elastic_trainer._state import init_train_state
 from elastic_trainer._step import make_step_fn
+from elastic_trainer._goodput import GoodputClock
+from elastic_trainer._layouts import Layouts
+from elastic_trainer._records import Layout
 from elastic_trainer._step_cache import StepCache
+from elastic_trainer_plugins.scale_down import ScaleDown
 
 BATCH = 8
 
@@ -74,7 +78,38 @@ def test_a_compile_under_way_is_not_evicted():
     cached(cache, 1)  # 3 layouts: slice 0's goes, slice 3's compile is under way and stays
     assert (len(cache), cache.evicted) == (2, 1)
     release.set()
+    cache._background.submit(lambda: None).result()  # one background thread, in order: slice 3's compile is done
     assert cached(cache, 3) is True
+    cache.close()
+
+
+def test_a_layout_needed_while_its_compile_is_queued_is_compiled_at_once():
+    cache = new_cache(max_layouts=4)
+    cached(cache, 0)
+    release = threading.Event()
+    cache._background.submit(release.wait, 120)  # holds the background thread: the compiles ahead stay queued
+    cache.compile_ahead(mesh_of(1), BATCH, slices=(1,))
+    cache.compile_ahead(mesh_of(2), BATCH, slices=(2,))
+    assert cached(cache, 2) is False  # compiled here, not after slice 1's and the held task
+    assert not release.is_set() and cache.compiled_ahead == 1
+    by_slices = {record.slices: record for record in cache.records}
+    assert by_slices[(2,)].ahead and by_slices[(2,)].ready_at is not None  # asked for ahead, compiled when needed
+    assert by_slices[(1,)].started_at is None  # still queued
+    release.set()
+    cache.close()
+
+
+def test_every_compile_is_recorded_with_when_it_was_asked_for_and_ready():
+    cache = new_cache(max_layouts=4)
+    cache.get(mesh_of(0), BATCH, slices=(0,))
+    cache.compile_ahead(mesh_of(1), BATCH, slices=(1,))
+    cache._background.submit(lambda: None).result()
+    cache.get(mesh_of(1), BATCH, slices=(1,))
+    first, ahead = (record.to_json() for record in cache.records)
+    assert (first["slices"], first["ahead"], ahead["slices"], ahead["ahead"]) == ([0], False, [1], True)
+    for record in (first, ahead):
+        assert record["requested_at"] <= record["started_at"] <= record["ready_at"]
+        assert record["compile_s"] == record["ready_at"] - record["started_at"]
     cache.close()
 
 
@@ -87,3 +122,53 @@ def test_an_evicted_layout_frees_its_executable():
         cached(cache, slice_)
     assert cache.evicted == 4
     assert live_executables() == kept
+
+
+def test_a_run_again_loads_its_compiles_from_the_persistent_compilation_cache(tiny_trainer_kwargs):
+    """The tests share one persistent compilation cache (conftest.py): the same job run a second time loads every
+    step it compiles, the full layout's and those compiled ahead, and its report says so."""
+
+    def compiles():
+        trainer = et.Trainer(**tiny_trainer_kwargs(steps=3, global_batch_size=24), strategy=ScaleDown())
+        report = trainer.fit().report
+        return report["compile_cache"]["layouts"]
+
+    compiles()
+    again = compiles()
+    assert again[0]["slices"] == [0, 1, 2, 3] and not again[0]["ahead"]
+    assert [sorted(record["slices"]) for record in again[1:]] == [[1, 2, 3], [0, 2, 3], [0, 1, 3], [0, 1, 2]]
+    finished = [record for record in again if record["ready_at"] is not None]
+    assert finished[0] is again[0] and all(record["loaded"] for record in finished)
+
+
+class LikelyLayouts:
+    """Hooks as the trainer calls them: every "one slice fewer" layout (scale_down's answer) and plain meshes."""
+
+    def et_likely_layouts(self, trainer):
+        return [[[s for s in range(4) if s != lost] for lost in range(4)]]
+
+    def et_make_mesh(self, trainer, slice_devices):
+        return et.make_mesh(slice_devices)
+
+
+class QueuedCompiles:
+    """A step cache that notes the order of the compiles asked for ahead."""
+
+    def __init__(self):
+        self.queued = []
+
+    def compile_ahead(self, mesh, batch_size, slices):
+        self.queued.append(slices)
+
+
+def test_the_layouts_compiled_ahead_first_drop_the_slices_that_failed_most_often():
+    cluster = et.SimulatedCluster(slices=4, devices_per_slice=2)
+    for slice_, times in ((2, 2), (0, 1)):
+        for _ in range(times):
+            cluster.fail_slice(slice_, down_for_s=0)
+    steps = QueuedCompiles()
+    layouts = Layouts(cluster=cluster, hooks=LikelyLayouts(), view=None, clock=GoodputClock(), steps=steps,
+                      global_batch_size=24)
+    full = Layout((0, 1, 2, 3), et.make_mesh(cluster.slice_devices()), 24, 1.0, None, None, 0.0, False)
+    layouts.compile_likely(full)
+    assert steps.queued == [(0, 1, 3), (1, 2, 3), (0, 2, 3), (0, 1, 2)]  # slice 2 failed twice, slice 0 once

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +31,7 @@ def build_trainer(
     cluster = _instantiate(cfg, "cluster")
     cluster.configure_jax()
     if cfg.trainer.compilation_cache_dir:
-        jax.config.update("jax_compilation_cache_dir", str(cfg.trainer.compilation_cache_dir))
+        use_persistent_compilation_cache(Path(cfg.trainer.compilation_cache_dir).expanduser())
     return Trainer(
         checkpointer=_checkpointer(cfg.checkpoint, run_dir),
         resume=cfg.checkpoint.resume,
@@ -52,6 +53,20 @@ def build_trainer(
         run_dir=run_dir,
         started_at=started_at,
     )
+
+
+def use_persistent_compilation_cache(directory: Path) -> None:
+    """Keep every compiled step in JAX's persistent compilation cache in ``directory``, so that a resumed,
+    restarted or re-run job, and a recovery onto a layout an earlier run compiled, loads it instead.
+
+    JAX by default keeps only compiles that took over a second; a step
+    compiled ahead in the background is worth keeping whatever it took, so
+    the threshold goes to 0 unless ``JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS``
+    says otherwise.
+    """
+    jax.config.update("jax_compilation_cache_dir", str(directory))
+    if "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS" not in os.environ:
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
 
 
 def build_strategy(cfg: DictConfig) -> object | None:

@@ -47,6 +47,11 @@ def default_of(function: Callable, name: str) -> Any:
     return default
 
 
+DEFAULT_COMPILATION_CACHE_DIR = "${oc.env:JAX_COMPILATION_CACHE_DIR,'~/.cache/elastic_trainer/jax_cache'}"
+"""JAX's persistent compilation cache: where JAX's own variable says, else one per user, shared by every run (on by
+default, as MaxText's ``jax_cache_dir``), so that a re-run, resumed or restarted job loads its compiled steps."""
+
+
 @dataclasses.dataclass
 class TrainerConfig:
     """``trainer``: how long and how wide to train."""
@@ -56,7 +61,7 @@ class TrainerConfig:
     within_slice: str = default_of(Trainer, "within_slice")
     snapshot_period: int = default_of(Trainer, "snapshot_period")
     step_timeout_s: float = default_of(Trainer, "step_timeout_s")
-    compilation_cache_dir: str | None = None
+    compilation_cache_dir: str | None = DEFAULT_COMPILATION_CACHE_DIR
     preemption_signal: str | None = default_of(Trainer, "preemption_signal")
     max_cached_layouts: int = default_of(Trainer, "max_cached_layouts")
 
@@ -70,7 +75,7 @@ class TrainerConfig:
             max_cached_layouts=self.max_cached_layouts,
         )
         stop_signals(self.preemption_signal)  # a name that is no signal, or one that cannot be caught
-        if self.compilation_cache_dir and Path(self.compilation_cache_dir).is_file():
+        if self.compilation_cache_dir and Path(self.compilation_cache_dir).expanduser().is_file():
             raise ConfigError(
                 f"trainer.compilation_cache_dir {self.compilation_cache_dir} is a file, not a directory; "
                 "point it at a directory."
