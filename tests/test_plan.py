@@ -90,19 +90,29 @@ def test_a_replayed_schedule_adds_up_step_by_step():
     assert paused.wall_s == pytest.approx(2 + 15 + 0.5 + 6 + 0.5 + 5 + 0.5, abs=1e-5)
 
 
-def test_scale_down_waits_for_the_compile_ahead_backlog_and_runs_slower_on_fewer_slices():
+def test_scale_down_waits_for_a_compile_under_way_compiles_a_queued_one_at_once_and_runs_slower_on_fewer_slices():
     backlog = scenario("scale_down", recovery=RecoveryCost())  # compiles 4 layouts of 4 s, one at a time, from 2 s
     instant = scenario("scale_down", recovery=RecoveryCost(), layout_compile_s=0.0)
-    early = [Failure(3.0, 3, 1e9)]  # slice 3 lost for good before its layout is compiled: ready at 2 + 4 x 4 s
+    early = [Failure(3.0, 3, 1e9)]  # slice 3 lost for good while its layout is queued (its turn: 14 s to 18 s)
     waited, not_waited = simulate(backlog, early, 100.0), simulate(instant, early, 100.0)
     assert waited.wall_s == not_waited.wall_s == 100.0
-    # the same run on 3 slices of 4 (steps 4/3 as long) after the failure, less 15 s of waiting for the compile
-    assert not_waited.steps - waited.steps == pytest.approx(15 * 3 / 4, abs=1)
+    # the same run on 3 slices of 4 (steps 4/3 as long) after the failure, less 4 s compiling its layout at once
+    assert not_waited.steps - waited.steps == pytest.approx(4 * 3 / 4, abs=1)
+    under_way = simulate(backlog, [Failure(15.0, 3, 1e9)], 100.0)  # its compile started at 14 s: 3 s left
+    assert simulate(instant, [Failure(15.0, 3, 1e9)], 100.0).steps - under_way.steps == pytest.approx(3 * 3 / 4, abs=1)
     assert waited.progress < waited.goodput  # productive time counts the slower steps in full
     late = simulate(backlog, [Failure(50.0, 3, 1e9)], 100.0)
     assert late.steps > not_waited.steps  # compiled by then, and 47 s more on 4 slices
     back = simulate(backlog, [Failure(50.0, 3, 10.0)], 100.0)  # back after 10 s: scaled up again
     assert back.steps > late.steps and back.goodput - back.progress < late.goodput - late.progress
+
+
+def test_beyond_the_layouts_the_step_cache_holds_scale_down_compiles_on_the_spot():
+    own = costs(strategy="scale_down", recovery=RecoveryCost())  # layouts of 4 s, 7 compiled ahead from 2 s
+    wide = Scenario("scale_down", 16, own, own.recovery, SINGLE_CONTROLLER, period=10)
+    ahead = simulate(wide, [Failure(500.0, 2, 1e9)], 600.0)  # slice 2's layout was compiled ahead long before
+    beyond = simulate(wide, [Failure(500.0, 12, 1e9)], 600.0)  # slice 12's never is: 4 s compiling it then
+    assert ahead.steps - beyond.steps == pytest.approx(4 * 15 / 16, abs=1)
 
 
 def test_young_daly_closed_form_agrees_with_the_simulation_and_its_period_is_the_best(sweep):

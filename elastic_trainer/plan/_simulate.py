@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .._step_cache import DEFAULT_MAX_LAYOUTS
 from ._costs import RecoveryCost, StrategyCosts
 from ._model import FailureModel, Runtime
 
@@ -25,8 +26,10 @@ class Scenario:
 
     :param restart: what restarting every process costs (a lost coordinator, or a group re-formed).
     :param period: steps between checkpoints.
-    :param compile_ahead: ``scale_down`` compiles every "one slice fewer" layout in the background
-        after each start of its processes, one at a time (``et_likely_layouts``).
+    :param compile_ahead: ``scale_down`` compiles "one slice fewer" layouts in the background after
+        each start of its processes, one at a time (``et_likely_layouts``), as many as the step
+        cache has room for (``trainer.max_cached_layouts`` less the one in use); a layout needed
+        before its compile started is compiled on the spot.
     """
 
     strategy: str
@@ -324,19 +327,20 @@ class _Job:
     # ---- compiled layouts
 
     def _new_processes(self, at: float) -> None:
-        """New processes: only the full layout is compiled; compile-ahead starts its backlog at ``at``."""
+        """New processes: only the full layout is compiled; compile-ahead starts its queue at ``at``."""
         self.compiled = {frozenset()}
         compile_s = self.sc.costs.layout_compile_s
         ahead = self.sc.strategy == "scale_down" and self.sc.compile_ahead and self.n > 1
-        self.ahead = {frozenset((i,)): at + (i + 1) * compile_s for i in range(self.n)} if ahead else {}
+        queued = min(self.n, DEFAULT_MAX_LAYOUTS - 1) if ahead else 0  # the step cache's room beside the full layout
+        self.ahead = {frozenset((i,)): at + (i + 1) * compile_s for i in range(queued)}
 
     def _compile_wait(self, layout: frozenset[int], at: float) -> float:
         """Seconds from ``at`` until the step for ``layout`` is compiled, beyond a look-up."""
         if layout in self.compiled:
             return 0.0
         self.compiled.add(layout)
-        ready = self.ahead.get(layout)
-        return self.sc.costs.layout_compile_s if ready is None else max(0.0, ready - at)
+        ready, compile_s = self.ahead.get(layout), self.sc.costs.layout_compile_s
+        return compile_s if ready is None else min(compile_s, max(0.0, ready - at))  # not started: compiled now
 
     def outcome(self, wall_s: float) -> Outcome:
         """What the job did by ``wall_s``."""
