@@ -297,6 +297,11 @@ class Checkpointer:
         verify_checksums(restored.state, restored.metadata.get(CHECKSUMS_KEY))
         return restored.state, restored.metadata
 
+    @property
+    def saving(self) -> bool:
+        """Whether an asynchronous save may still be committing (:meth:`wait` ends it)."""
+        return self._in_flight is not None
+
     def wait(self) -> SaveEnded | None:
         """Block until the save in flight has ended; how it ended, or ``None`` when none was in flight.
 

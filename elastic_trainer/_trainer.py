@@ -189,7 +189,19 @@ class Trainer:
         committed step is saved.
         """
         with self._directory_locks(), PreemptionWatch(self.stop_signals) as preemption:
-            return self._fit(preemption)
+            try:
+                return self._fit(preemption)
+            except BaseException:
+                self._let_the_save_in_flight_end()
+                raise
+
+    def _let_the_save_in_flight_end(self) -> None:
+        """When an error ends :meth:`fit` before its end (a plugin's, a bad config's), let the save still
+        committing end before the directory's lock goes: another run must not start on a checkpoint being
+        written. One process alone: with several, its closing barrier waits for the others."""
+        if self.checkpointer is not None and self.checkpointer.saving and jax.process_count() == 1:
+            with contextlib.suppress(Exception):  # the error that ended the run is the one to raise
+                self.checkpointer.wait()
 
     def _directory_locks(self) -> contextlib.AbstractContextManager:
         """The locks of the checkpoint directory and the run directory, taken by process 0 (with a

@@ -3,6 +3,7 @@ sentence naming the owner, and the first finishes with only its own checkpoints 
 for a resume refused so is in test_preemption.py, while the run it tries to resume runs); a lock left by a
 killed owner is taken over with a warning naming it; a job's children do not contend for their parent's lock."""
 
+import fcntl
 import hashlib
 import json
 import os
@@ -98,3 +99,35 @@ def test_a_job_does_not_contend_for_the_locks_its_top_process_holds(tmp_path, mo
     monkeypatch.setenv(HOLDER_ENV, json.dumps({"pid": 1, "dirs": [str(tmp_path.resolve())]}))  # not this job
     with hold_run_locks([(tmp_path, "the run directory")]):
         assert (tmp_path / LOCK_FILE).exists()
+
+
+def test_a_run_ended_by_an_error_lets_its_save_in_flight_end_before_the_lock_goes(tiny_trainer_kwargs, tmp_path):
+    checkpoints = tmp_path / "checkpoints"
+    checkpointer = et.Checkpointer(checkpoints, period=2)
+    held_while_waiting = []
+    wait = checkpointer.wait
+
+    def wait_and_check_the_lock():
+        with open(checkpoints / LOCK_FILE) as lock:
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                held_while_waiting.append(False)
+                fcntl.flock(lock, fcntl.LOCK_UN)
+            except BlockingIOError:
+                held_while_waiting.append(True)
+        return wait()
+
+    class FailsAfterASave:
+        """A plugin whose bug ends the run right after step 2's save started."""
+
+        @et.hookimpl
+        def et_after_checkpoint_save(self, step):
+            if step == 2:
+                raise RuntimeError("a plugin's bug")
+
+    checkpointer.wait = wait_and_check_the_lock
+    trainer = et.Trainer(**tiny_trainer_kwargs(steps=6), checkpointer=checkpointer, plugins=[FailsAfterASave()])
+    with pytest.raises(et.PluginError, match="a plugin's bug"):
+        trainer.fit()
+    assert held_while_waiting and all(held_while_waiting)  # the save of step 2 ended, then the lock went
+    assert committed_steps(checkpoints) == [2] and not checkpointer.saving
