@@ -54,6 +54,15 @@ def _next_phase(state: LoopState) -> str:
     return "checkpoint_save" if state.save_due else "train_step"
 
 
+def _let_the_save_in_flight_end(checkpointer: Checkpointer | None) -> None:
+    """When an error ends ``fit`` before its end (a plugin's, a bad config's), let the save still committing end
+    before the directory's lock goes: another run must not start on a checkpoint being written. One process
+    alone: with several, its closing barrier waits for the others."""
+    if checkpointer is not None and checkpointer.saving and jax.process_count() == 1:
+        with contextlib.suppress(Exception):  # the error that ended the run is the one to raise
+            checkpointer.wait()
+
+
 class FitResult(NamedTuple):
     """What :meth:`Trainer.fit` returns: the final train state and the run report."""
 
@@ -192,16 +201,8 @@ class Trainer:
             try:
                 return self._fit(preemption)
             except BaseException:
-                self._let_the_save_in_flight_end()
+                _let_the_save_in_flight_end(self.checkpointer)
                 raise
-
-    def _let_the_save_in_flight_end(self) -> None:
-        """When an error ends :meth:`fit` before its end (a plugin's, a bad config's), let the save still
-        committing end before the directory's lock goes: another run must not start on a checkpoint being
-        written. One process alone: with several, its closing barrier waits for the others."""
-        if self.checkpointer is not None and self.checkpointer.saving and jax.process_count() == 1:
-            with contextlib.suppress(Exception):  # the error that ended the run is the one to raise
-                self.checkpointer.wait()
 
     def _directory_locks(self) -> contextlib.AbstractContextManager:
         """The locks of the checkpoint directory and the run directory, taken by process 0 (with a
