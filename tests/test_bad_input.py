@@ -106,6 +106,9 @@ BAD_VALUES = [
     ("cluster/multiprocess.launcher", ["cluster=multiprocess", "cluster.launcher=slurm"],
      "cluster.launcher must be 'local' (the command starts the processes here) or 'none' (a scheduler started "
      "them), got 'slurm'."),
+    ("cluster/multiprocess.coordinator", ["cluster=multiprocess", "cluster.coordinator=process1"],
+     "cluster.coordinator must be 'separate' (JAX's coordination service in a process of its own) or 'process0' "
+     "(process 0 hosts it, and may not be lost), got 'process1'."),
     ("cluster/pathways.health_checker", ["cluster=pathways", "cluster.health_checker=MyChecker"],
      "cluster.health_checker must be 'module:Class' (a subclass of pathwaysutils' SliceHealthChecker) or null for "
      "pathwaysutils' default, got 'MyChecker'."),

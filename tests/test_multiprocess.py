@@ -8,7 +8,6 @@ Every test checks that no process it started outlives it.
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -16,6 +15,8 @@ import time
 import pytest
 from test_cli import run_cli
 from test_fault_matrix import CLI_TINY, assert_same_arrays, cli_reference, processes, processes_of, saved_states
+
+from elastic_trainer.launch._launcher import free_port
 
 TINY = ["model.d_model=32", "model.num_heads=2", "model.num_layers=1", "data.max_bytes=200000"]
 THREE = processes(3)
@@ -103,41 +104,36 @@ def test_sigterm_to_the_full_restart_supervisor_kills_its_worker(run_dir):
     assert not processes_of(run_dir)
 
 
-def slurm_job_id() -> int:
-    """A job id whose port (JAX's Slurm detection: ``61440 + job id % 4096``) is free on 127.0.0.1 now."""
-    for offset in range(4096):
-        with socket.socket() as probe:
-            try:
-                probe.bind(("127.0.0.1", 61440 + offset))
-            except OSError:
-                continue
-        return 4096 * 7 + offset
-    raise RuntimeError("no free port for the simulated Slurm job")
-
-
-def test_a_job_started_the_way_srun_starts_it_loses_a_task_and_goes_on(run_dir, tmp_path_factory):
-    """cluster.launcher=none under a simulated Slurm allocation: 3 tasks started as srun starts them (the SLURM_*
-    variables JAX's cluster detection reads, every task on node 127.0.0.1), no launcher of ours; task 2 is
-    SIGKILLed during step 9 (chaos), the other two go on with every invariant of the fault matrix."""
-    slurm = {"SLURM_JOB_ID": str(slurm_job_id()), "SLURM_STEP_NODELIST": "127.0.0.1", "SLURM_NTASKS": "3",
-             "SLURM_STEP_NUM_NODES": "1"}
+def test_a_job_started_the_way_srun_starts_it_loses_task_0_and_goes_on(run_dir, tmp_path_factory):
+    """cluster.launcher=none under a simulated Slurm allocation, as README's sbatch script runs it: the
+    coordinator (python -m elastic_trainer.coordinator) as a task of its own, then 3 tasks started as srun starts
+    them (the SLURM_* variables JAX's cluster detection reads, every task on node 127.0.0.1,
+    JAX_COORDINATOR_PORT naming the coordinator's port), no launcher of ours; task 0 is SIGKILLed during
+    step 9 (chaos), the other two go on with every invariant of the fault matrix."""
+    port = free_port()
+    slurm = {"SLURM_JOB_ID": "4242", "SLURM_STEP_NODELIST": "127.0.0.1", "SLURM_NTASKS": "3",
+             "SLURM_STEP_NUM_NODES": "1", "JAX_COORDINATOR_PORT": str(port)}
     checkpoints = run_dir / "checkpoints"
     command = [sys.executable, "-m", "elastic_trainer", *CLI_TINY, *THREE, "cluster.launcher=none",
-               "+strategy=scale_down", "+chaos=schedule", "chaos.failures=[{at_step: 9, slice: 2}]",
+               "+strategy=scale_down", "+chaos=schedule", "chaos.failures=[{at_step: 9, slice: 0}]",
                f"checkpoint.dir={checkpoints}"]
     env = {**os.environ, **slurm, "ELASTIC_TRAINER_DISABLE_PLUGIN_AUTOLOAD": "1"}
-    tasks = [subprocess.Popen([*command, f"hydra.run.dir={run_dir / f'task{i}'}"],
-                              env={**env, "SLURM_PROCID": str(i), "SLURM_LOCALID": str(i)},
-                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True) for i in range(3)]
-    outcomes = [task.communicate(timeout=300) for task in tasks]
-    assert [task.returncode for task in tasks] == [0, 0, -signal.SIGKILL], [err[-2000:] for _, err in outcomes]
-    report = report_of(run_dir / "task0")  # the lowest process writes the job's report
+    with subprocess.Popen([sys.executable, "-m", "elastic_trainer.coordinator", "--num-processes", "3",
+                           "--port", str(port), "--heartbeat-timeout-s", "3"]) as coordinator:
+        tasks = [subprocess.Popen([*command, f"hydra.run.dir={run_dir / f'task{i}'}"],
+                                  env={**env, "SLURM_PROCID": str(i), "SLURM_LOCALID": str(i)},
+                                  stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True) for i in range(3)]
+        outcomes = [task.communicate(timeout=300) for task in tasks]
+        coordinator.terminate()
+        assert coordinator.wait(timeout=30) == 0
+    assert [task.returncode for task in tasks] == [-signal.SIGKILL, 0, 0], [err[-2000:] for _, err in outcomes]
+    report = report_of(run_dir / "task1")
     assert report["steps_completed"] == 12 and report["cluster"]["processes"] == 3
     (failure,) = report["failures"]
-    assert (failure["step"], failure["slices"], failure["kind"]) == (9, [2], "slice_lost")
+    assert (failure["step"], failure["slices"], failure["kind"]) == (9, [0], "slice_lost")
     assert (failure["restored_from"], failure["lost_steps"], failure["slices_after"]) == ("replica", 0, 2)
     assert report["samples"] == {"consumed": 12 * 48, "duplicated": 0, "skipped": 0}
-    on_disk = saved_states(checkpoints)  # step 9's save was under way when task 2 died: on disk if it completed
+    on_disk = saved_states(checkpoints)  # step 9's save was under way when task 0 died: on disk if it completed
     assert {3, 6, 12} <= set(on_disk) <= {3, 6, 9, 12}
     expected = saved_states(cli_reference(THREE, tmp_path_factory))
     for step in on_disk:

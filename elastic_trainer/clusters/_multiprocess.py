@@ -19,14 +19,12 @@ from jaxtyping import PyTree
 
 from ._base import AbstractInjectableCluster
 from .._failures import ConfigError, SliceLostError, StepTimeoutError
+from ._coordinator import join_as_client
 from ._group_barrier import coordination_client
 from ..config._settings import check_multiprocess_settings
 
 PROCESS_ID_ENV = "ELASTIC_TRAINER_PROCESS_ID"
 """Set by the local launcher to a worker's process id; unset, JAX detects it (Slurm, Kubernetes, Cloud TPU)."""
-
-COORDINATOR_ENV = "JAX_COORDINATOR_ADDRESS"
-"""Where the coordination service listens; ``jax.distributed.initialize`` reads it itself."""
 
 STUCK_GRACE_S = 1.0
 """After its step failed, how long a process waits for every other live process
@@ -103,10 +101,14 @@ class MultiprocessCluster(AbstractInjectableCluster):
     :param launcher: ``"local"``: the command line starts the processes on
         this machine; ``"none"``: something else started them (Slurm,
         Kubernetes, Cloud TPU) and JAX detects the job from the environment.
+    :param coordinator: ``"separate"``: JAX's coordination service runs in
+        a process of its own (the local launcher; on a cluster,
+        ``python -m elastic_trainer.coordinator``), so any training process
+        may die; ``"process0"``: JAX's default, process 0 hosts it, and
+        losing it ends the job (failure injection spares its slice).
     """
 
     kind = "multiprocess"
-    spared_slices = (0,)  # random failure injection never picks the slice of process 0 (the coordinator)
     lost_slices_rejoin = False  # a restarted process cannot join the live group in jax 0.10.2 (docs/multiprocess.md)
 
     def __init__(
@@ -119,12 +121,13 @@ class MultiprocessCluster(AbstractInjectableCluster):
         initialization_timeout_s: int = 120,
         platform: str | None = "cpu",
         launcher: str = "local",
+        coordinator: str = "separate",
     ):
         check_multiprocess_settings(
             num_processes=num_processes, devices_per_process=devices_per_process,
             processes_per_slice=processes_per_slice, heartbeat_timeout_s=heartbeat_timeout_s,
             collective_timeout_s=collective_timeout_s, initialization_timeout_s=initialization_timeout_s,
-            platform=platform, launcher=launcher,
+            platform=platform, launcher=launcher, coordinator=coordinator,
         )
         self.num_processes = num_processes
         self.devices_per_process = devices_per_process
@@ -134,6 +137,8 @@ class MultiprocessCluster(AbstractInjectableCluster):
         self.initialization_timeout_s = initialization_timeout_s
         self.platform = platform
         self.launcher = launcher
+        self.coordinator = coordinator
+        self.spared_slices = (0,) if coordinator == "process0" else ()  # failure injection spares the service's host
         self.slices = num_processes // processes_per_slice
         self._live = set(range(num_processes))
         self._failures = [0] * self.slices
@@ -160,12 +165,14 @@ class MultiprocessCluster(AbstractInjectableCluster):
                 jax.config.update("jax_num_cpu_devices", self.devices_per_process)
         jax.config.update("jax_enable_recoverability", True)  # survivors live on when a process dies
         process_id = os.environ.get(PROCESS_ID_ENV)
-        jax.distributed.initialize(
-            num_processes=self.num_processes if process_id is not None else None,
-            process_id=int(process_id) if process_id is not None else None,
-            heartbeat_timeout_seconds=self.heartbeat_timeout_s,
-            initialization_timeout=self.initialization_timeout_s,
-        )
+        join = dict(num_processes=self.num_processes if process_id is not None else None,
+                    process_id=int(process_id) if process_id is not None else None)
+        if self.coordinator == "separate":
+            join_as_client(**join, heartbeat_timeout_s=self.heartbeat_timeout_s,
+                           initialization_timeout_s=self.initialization_timeout_s)
+        else:
+            jax.distributed.initialize(**join, heartbeat_timeout_seconds=self.heartbeat_timeout_s,
+                                       initialization_timeout=self.initialization_timeout_s)
         if jax.process_count() != self.num_processes:
             raise ConfigError(
                 f"cluster.num_processes is {self.num_processes} but the job has {jax.process_count()} processes; "
@@ -181,11 +188,12 @@ class MultiprocessCluster(AbstractInjectableCluster):
         atexit.register(self._leave)  # runs before JAX's own exit handler, which shuts the client down
 
     def _leave(self) -> None:
-        """Leave the job together, process 0 (the coordination service) last.
+        """Leave the job together, the lowest live process last.
 
         With recoverability on, JAX's shutdown does not wait for the other
-        processes, so a process 0 that ends first takes the service with it
-        and the others abort in their own shutdown.
+        processes, so with ``coordinator=process0`` a process 0 that ended
+        first took the service with it and the others aborted in their own
+        shutdown.
         """
         client = self._client()
         if client is None:
@@ -219,6 +227,7 @@ class MultiprocessCluster(AbstractInjectableCluster):
             "kind": self.kind, "slices": self.slices, "devices_per_slice": per_process * self.processes_per_slice,
             "processes": self.num_processes, "processes_per_slice": self.processes_per_slice,
             "heartbeat_timeout_s": self.heartbeat_timeout_s, "collective_timeout_s": self.collective_timeout_s,
+            "coordinator": self.coordinator,
         }
 
     # ------------------------------------------------------------------ health
@@ -349,10 +358,11 @@ class MultiprocessCluster(AbstractInjectableCluster):
     def _check_index(self, index: int) -> None:
         if not 0 <= index < self.slices:
             raise ConfigError(f"slice {index} does not exist; the cluster has slices 0 to {self.slices - 1}.")
-        if index == 0:
+        if index in self.spared_slices:
             raise ConfigError(
-                "slice 0 holds process 0, which hosts JAX's coordination service: losing it ends every process "
-                "(JAX's own limit), so failure injection spares it; choose another slice."
+                f"slice {index} holds process 0, which hosts JAX's coordination service with "
+                "cluster.coordinator=process0: losing it ends every process (JAX's own limit), so failure injection "
+                "spares it; choose another slice, or set cluster.coordinator=separate."
             )
 
     def _say_down(self) -> None:

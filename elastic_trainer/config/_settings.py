@@ -36,6 +36,7 @@ def check_multiprocess_settings(
     initialization_timeout_s: int,
     platform: str | None,
     launcher: str,
+    coordinator: str,
 ) -> None:
     """Raise :class:`ConfigError` with one sentence for any bad ``cluster.*`` value of ``cluster=multiprocess``."""
     check_at_least("cluster.num_processes", num_processes, 1)
@@ -60,6 +61,11 @@ def check_multiprocess_settings(
         raise ConfigError(
             f"cluster.launcher must be 'local' (the command starts the processes here) or 'none' "
             f"(a scheduler started them), got {launcher!r}."
+        )
+    if coordinator not in ("separate", "process0"):
+        raise ConfigError(
+            f"cluster.coordinator must be 'separate' (JAX's coordination service in a process of its own) or "
+            f"'process0' (process 0 hosts it, and may not be lost), got {coordinator!r}."
         )
 
 

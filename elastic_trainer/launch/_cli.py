@@ -149,7 +149,9 @@ def _launch(cfg: DictConfig, strategy: object, job: dict) -> int:
             "period from its own measurements, and Orbax saves together); give a number of steps."
         )
     return launch(**job, num_processes=cfg.cluster.num_processes,
-                  max_restarts=strategy.max_restarts if restarts_process(strategy) else REGROUPS_WITHOUT_RESTARTS)
+                  max_restarts=strategy.max_restarts if restarts_process(strategy) else REGROUPS_WITHOUT_RESTARTS,
+                  serves_coordinator=cfg.cluster.coordinator == "separate",
+                  heartbeat_timeout_s=cfg.cluster.heartbeat_timeout_s)
 
 
 def _train(cfg: DictConfig, *, started_at: float, strategy: object) -> None:

@@ -12,7 +12,8 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from ..clusters._multiprocess import COORDINATOR_ENV, PROCESS_ID_ENV
+from ..clusters._coordinator import COORDINATOR_ENV, serve
+from ..clusters._multiprocess import PROCESS_ID_ENV
 from ._processes import POLL_S, ProcessGroup, StopRequest
 from ._supervisor import EVENTS, RESTART_EXIT_CODE, WORKER_ENV, restart_until_done, worker_file
 
@@ -29,7 +30,7 @@ def free_port() -> int:
 
 def launch(
     *, overrides: list[str], run_dir: Path, num_processes: int, max_restarts: int, started_at: float,
-    stop_signals: Sequence[int],
+    stop_signals: Sequence[int], serves_coordinator: bool = True, heartbeat_timeout_s: int = 5,
 ) -> int:
     """Run the job's ``num_processes`` processes with ``overrides`` until they end; the exit status.
 
@@ -42,7 +43,10 @@ def launch(
     the grace are killed. When the processes ask for a restart (exit status 75:
     ``full_restart``, or a group that must be re-formed), every process is
     started again, with a new coordination service, and goes on as a full
-    restart's worker does (:func:`restart_until_done`). Each attempt's report
+    restart's worker does (:func:`restart_until_done`). With
+    ``serves_coordinator`` the launcher hosts JAX's coordination service
+    itself (``heartbeat_timeout_s``), so that any process may die; without,
+    process 0 does. Each attempt's report
     is that of its lowest surviving process; the merged ``report.json`` adds
     ``process_exits``, every process's exit status per attempt.
     """
@@ -51,8 +55,11 @@ def launch(
     exits: list[dict] = []
 
     def run_attempt(process_overrides: list[str], attempt: int, stop: StopRequest) -> tuple[int, bool]:
-        codes, exited_at = _run_processes(process_overrides, run_dir=run_dir, num_processes=num_processes,
-                                          attempt=attempt, stop=stop)
+        address = f"127.0.0.1:{free_port()}"
+        with serve(address, num_processes=num_processes, heartbeat_timeout_s=heartbeat_timeout_s) \
+                if serves_coordinator else contextlib.nullcontext():
+            codes, exited_at = _run_processes(process_overrides, run_dir=run_dir, num_processes=num_processes,
+                                              attempt=attempt, stop=stop, coordinator=address)
         exits.append({"attempt": attempt, "exit_codes": codes, "exited_at": exited_at})
         survivor = next((i for i in range(num_processes) if (run_dir / f"process{i}" / "report.json").exists()), None)
         if survivor is None:
@@ -69,10 +76,11 @@ def launch(
 
 
 def _run_processes(
-    overrides: list[str], *, run_dir: Path, num_processes: int, attempt: int, stop: StopRequest,
+    overrides: list[str], *, run_dir: Path, num_processes: int, attempt: int, stop: StopRequest, coordinator: str,
 ) -> tuple[list, list]:
-    """Start every process and wait for all of them; their exit statuses and when each was seen to end."""
-    env = {**os.environ, WORKER_ENV: str(attempt), COORDINATOR_ENV: f"127.0.0.1:{free_port()}"}
+    """Start every process, the coordination service at ``coordinator``, and wait for all of them;
+    their exit statuses and when each was seen to end."""
+    env = {**os.environ, WORKER_ENV: str(attempt), COORDINATOR_ENV: coordinator}
     with ProcessGroup(stop) as group:
         for i in range(num_processes):
             process_dir = run_dir / f"process{i}"
@@ -84,8 +92,9 @@ def _run_processes(
             with contextlib.ExitStack() as files:  # process 0 shows its progress; the others' goes to a file
                 stdout = files.enter_context(open(process_dir / "stdout.log", "a")) if i else None
                 group.start(command, env={**env, PROCESS_ID_ENV: str(i)}, stdout=stdout)
-        first_end = None
+        first_end, seen = None, [None] * num_processes
         while None in (codes := group.poll()):
+            _say_who_ended(codes, seen, run_dir=run_dir)
             if first_end is None and any(c is not None and c >= 0 for c in codes):
                 first_end = time.monotonic()  # a process ended by itself: the others follow soon
             if first_end is not None and time.monotonic() - first_end > FOLLOW_S:
@@ -99,6 +108,21 @@ def _run_processes(
             time.sleep(POLL_S)
     codes = group.poll()
     return codes, [group.exited_at.get(i) for i in range(num_processes)]
+
+
+def _say_who_ended(codes: list[int | None], seen: list[int | None], *, run_dir: Path) -> None:
+    """Print a line for each process that ended unasked (killed, crashed) while others run; once process 0
+    (the only one whose output shows here) is gone, say where the lowest running one's output goes."""
+    for index, code in enumerate(codes):
+        if code is None or seen[index] is not None:
+            continue
+        seen[index] = code
+        running = [i for i, c in enumerate(codes) if c is None]
+        if code in (0, RESTART_EXIT_CODE) or not running:
+            continue
+        output = "" if 0 in running else f" (output: {run_dir / f'process{running[0]}' / 'stdout.log'})"
+        print(f"elastic_trainer: launcher: process {index} ended with status {code}; processes {running} go on"
+              f"{output}", file=sys.stderr, flush=True)
 
 
 def _job_status(codes: list[int]) -> int:

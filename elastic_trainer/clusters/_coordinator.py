@@ -1,0 +1,82 @@
+"""JAX's coordination service in a process of its own, so that any training process may die.
+
+``jax.distributed.initialize`` starts the coordination service inside
+process 0 (jax 0.10.2, ``jax/_src/distributed.py`` lines 146-158, whenever
+``process_id == 0``) and offers no way to skip it; a process 0 that dies
+takes the service, and with it every process of the job. Here the service is
+started apart (:func:`serve`: in the local launcher, or
+``python -m elastic_trainer.coordinator`` as a task or pod of its own on a
+cluster, in the manner of torchft's lighthouse), and every training process
+joins it as a client only (:func:`join_as_client`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterator
+
+import jax
+from jax._src import distributed
+from jax._src.clusters import ClusterEnv
+from jax._src.lib import _jax
+
+from .._failures import ConfigError
+
+COORDINATOR_ENV = "JAX_COORDINATOR_ADDRESS"
+"""Where the coordination service listens (``host:port``), as ``jax.distributed.initialize`` reads it."""
+
+SHUTDOWN_TIMEOUT_S = 10
+"""How long the service waits at the end for its clients to say goodbye: the dead never do."""
+
+
+@contextlib.contextmanager
+def serve(address: str, *, num_processes: int, heartbeat_timeout_s: int) -> Iterator[None]:
+    """Host the coordination service of a job of ``num_processes`` at ``address`` (``host:port``) while entered.
+
+    It is recoverable (``jax_enable_recoverability``'s service): a process
+    that dies is declared dead after ``heartbeat_timeout_s`` and the others
+    go on.
+    """
+    service = _jax.get_distributed_runtime_service(
+        address, num_processes, heartbeat_timeout=heartbeat_timeout_s, shutdown_timeout=SHUTDOWN_TIMEOUT_S,
+        recoverable=True,
+    )
+    try:
+        yield
+    finally:
+        service.shutdown()
+
+
+def join_as_client(
+    *, num_processes: int | None, process_id: int | None, heartbeat_timeout_s: int, initialization_timeout_s: int
+) -> None:
+    """What ``jax.distributed.initialize`` does, less starting the service in process 0.
+
+    The address comes from :data:`COORDINATOR_ENV`, or, under a scheduler
+    JAX detects (Slurm, Kubernetes, Cloud TPU), from its first host and
+    ``JAX_COORDINATOR_PORT``; ``None`` for the process count or id takes
+    the scheduler's. JAX keeps its distributed state private
+    (``jax._src.distributed.global_state``), so it is set here as
+    ``initialize`` sets it, for the backends, Orbax and ``live_devices``
+    to find the client.
+    """
+    address, num_processes, process_id, device_ids = ClusterEnv.auto_detect_unset_distributed_params(
+        os.environ.get(COORDINATOR_ENV), num_processes, process_id, None, None, initialization_timeout_s)
+    if address is None or num_processes is None or process_id is None:
+        raise ConfigError(
+            "cluster.coordinator=separate needs the address of the job's coordinator: set "
+            f"{COORDINATOR_ENV} to where python -m elastic_trainer.coordinator listens (host:port), "
+            "or set cluster.coordinator=process0 to have process 0 host it."
+        )
+    if device_ids:
+        jax.config.update("jax_cuda_visible_devices", ",".join(str(d) for d in device_ids))
+    client = _jax.get_distributed_runtime_client(
+        address, process_id, init_timeout=initialization_timeout_s, use_compression=True,
+        heartbeat_timeout=heartbeat_timeout_s,
+    )
+    client.connect()
+    state = distributed.global_state
+    state.coordinator_address, state.process_id, state.num_processes, state.client = (
+        address, process_id, num_processes, client)
+    state.initialize_preemption_sync_manager()
