@@ -22,8 +22,8 @@ from ._period import YoungDalyPeriod
 from ._state_handler import state_handler
 from .config._settings import check_checkpoint_settings
 
-REGROUP_TIMEOUT_S = 300
-"""How long the processes of a new save group wait for each other when they form it (Orbax's own barrier timeout)."""
+FIRST_SAVE_TIMEOUT_S = 300
+"""How long every process waits for the others to be ready for the job's first save (some may still be compiling)."""
 
 
 class Checkpointer:
@@ -110,7 +110,7 @@ class Checkpointer:
         ``cluster.collective_timeout_s``) and fail the save with every process
         alive.
         """
-        self._barrier(key="orbax-barrier", timeout_ms=REGROUP_TIMEOUT_S * 1000)
+        self._barrier(key="orbax-barrier", timeout_ms=FIRST_SAVE_TIMEOUT_S * 1000)
         multihost_utils.sync_global_devices("elastic_trainer/checkpointer")
 
     def _new_manager(
@@ -178,7 +178,8 @@ class Checkpointer:
         barrier = self._group_barrier(processes)
         if barrier is not None and jax.process_index() in processes:
             # every member's old save has ended (committed or not) before any member lists the steps
-            barrier(key="regrouped", timeout_ms=REGROUP_TIMEOUT_S * 1000)
+            # as long as Orbax's own barriers wait (cluster.barrier_timeout_s on cluster=multiprocess)
+            barrier(key="regrouped", timeout_ms=ocp.multihost.coordination_timeout() * 1000)
         self.processes, self._barrier = processes, barrier
         if self._saves_here():
             self.manager = self._new_manager(active_processes=set(processes), barrier=barrier)

@@ -108,9 +108,10 @@ class FailureRecord:
     compile_cached: bool | None = None
     remesh_s: float | None = None
     restore_s: float | None = None
+    processes: tuple[int, ...] | None = None
 
     _REPORT_ORDER = (
-        "step", "phase", "slice", "slices", "kind", "action", "slices_before", "slices_after", "restored_from",
+        "step", "phase", "slice", "slices", "processes", "kind", "action", "slices_before", "slices_after", "restored_from",
         "lost_steps", "recovery_s", "ended_run", "failed_at", "detection_s", "waiting_s", "fell_back_from", "regrouped",
         "compile_s", "compile_cached", "remesh_s", "restore_s",
     )
@@ -123,8 +124,9 @@ class FailureRecord:
             "slices": list(self.slices),
             "slices_after": self.slices_before if self.slices_after is None else self.slices_after,
             "fell_back_from": None if self.fell_back_from is None else list(self.fell_back_from),
+            "processes": None if self.processes is None else list(self.processes),
         }
-        optional = ("waiting_s", "fell_back_from", "regrouped", "compile_s", "compile_cached", "remesh_s", "restore_s")
+        optional = ("processes", "waiting_s", "fell_back_from", "regrouped", "compile_s", "compile_cached", "remesh_s", "restore_s")
         return {k: fields[k] for k in self._REPORT_ORDER if not (k in optional and fields[k] is None)}
 
 

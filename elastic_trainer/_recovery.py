@@ -107,6 +107,7 @@ def classify(
     record = FailureRecord(
         step=step, phase=failure.phase, slices=lost, kind=failure.kind, slices_before=len(slices),
         failed_at=failed_at, detection_s=time.time() - failed_at,
+        processes=getattr(error, "processes", None),  # on cluster=multiprocess, the processes that went with them
     )
     return dataclasses.replace(failure, slices=lost), ctx.failures.add(record)
 

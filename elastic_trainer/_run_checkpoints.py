@@ -93,7 +93,6 @@ class RunCheckpoints:
         """
         began = time.time()
         step, slices = state.step, state.layout.slices
-        self._hooks.et_before_checkpoint_save(trainer=self._view, step=step)
         metadata = {
             "step": step, "data_position": state.position, **self._data_order, **self._run_metadata,
             "slices": list(slices), "mesh": dict(state.layout.mesh.shape),
@@ -103,6 +102,9 @@ class RunCheckpoints:
             if self._failures_in_a_row_after(ended) < self.checkpointer.max_failed_saves:
                 self.checkpointer.prepare_save(state.arrays)
                 self._cluster.check_step(slices, since=state.incarnations)  # every process ready: its collectives
+                # last before Orbax: a failure injected here lands after the processes agreed on who lives, where
+                # only the save's own barriers find it (bounded by cluster.barrier_timeout_s)
+                self._hooks.et_before_checkpoint_save(trainer=self._view, step=step)
                 ended += self.checkpointer.save(step, state.arrays, metadata)
         except Exception:
             try:

@@ -27,6 +27,9 @@ class ScheduledFailure:
     :param down_for_s: how long the slice stays down.
     :param hang: hang the slice instead: the step does not fail but never
         finishes while the slice is down (the watchdog must catch it).
+    :param process: on ``cluster=multiprocess``, kill only the slice's
+        process at this position (0 to ``processes_per_slice - 1``); the
+        slice's other processes then leave the job. ``None``: all of them.
     """
 
     at_step: int
@@ -34,12 +37,16 @@ class ScheduledFailure:
     phase: str = "train_step"
     down_for_s: float = 1e9
     hang: bool = False
+    process: int | None = None
 
     def __post_init__(self):
         if self.at_step < 0 or self.slice < 0 or self.down_for_s < 0:
             raise et.ConfigError(f"chaos failure {self}: at_step, slice and down_for_s must not be negative.")
         if self.phase not in PHASES:
             raise et.ConfigError(f"chaos failure phase must be one of {PHASES}, got {self.phase!r}.")
+        if self.process is not None and (self.process < 0 or self.hang):
+            raise et.ConfigError(f"chaos failure {self}: process must not be negative, and a hang takes the whole "
+                                 "slice (leave process unset).")
 
 
 def check_chaos_settings(
@@ -112,6 +119,9 @@ class Chaos:
             if failure.slice >= slices:
                 raise et.ConfigError(f"chaos failure at step {failure.at_step} names slice {failure.slice}, "
                                      f"but the cluster has slices 0 to {slices - 1}.")
+            if failure.process is not None and not hasattr(trainer.cluster, "fail_process"):
+                raise et.ConfigError(f"chaos failure at step {failure.at_step} names process {failure.process} "
+                                     f"of its slice, but only cluster=multiprocess has processes; leave it unset.")
             last = trainer.steps if failure.phase.startswith("checkpoint") else trainer.steps - 1  # step N is saved
             if failure.at_step > last:
                 raise et.ConfigError(f"chaos failure at step {failure.at_step} ({failure.phase}) would never strike: "
@@ -155,6 +165,9 @@ class Chaos:
             if index not in self._fired and failure.at_step == step and failure.phase == phase:
                 self._fired.add(index)
                 self._remember(trainer)
+                if failure.process is not None:
+                    trainer.cluster.fail_process(failure.slice, failure.process)
+                    continue
                 lose = trainer.cluster.hang_slice if failure.hang else trainer.cluster.fail_slice
                 lose(failure.slice, down_for_s=failure.down_for_s)
 

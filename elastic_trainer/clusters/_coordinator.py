@@ -48,6 +48,21 @@ def serve(address: str, *, num_processes: int, heartbeat_timeout_s: int) -> Iter
         service.shutdown()
 
 
+def join_job(
+    coordinator: str, *, num_processes: int | None, process_id: int | None, heartbeat_timeout_s: int,
+    initialization_timeout_s: int,
+) -> None:
+    """Join the job's coordination service: as a client only (``coordinator="separate"``), or through
+    ``jax.distributed.initialize``, which starts it in process 0 (``"process0"``)."""
+    if coordinator == "separate":
+        join_as_client(num_processes=num_processes, process_id=process_id, heartbeat_timeout_s=heartbeat_timeout_s,
+                       initialization_timeout_s=initialization_timeout_s)
+    else:
+        jax.distributed.initialize(num_processes=num_processes, process_id=process_id,
+                                   heartbeat_timeout_seconds=heartbeat_timeout_s,
+                                   initialization_timeout=initialization_timeout_s)
+
+
 def join_as_client(
     *, num_processes: int | None, process_id: int | None, heartbeat_timeout_s: int, initialization_timeout_s: int
 ) -> None:

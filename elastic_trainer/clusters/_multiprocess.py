@@ -19,8 +19,8 @@ from jaxtyping import PyTree
 
 from ._base import AbstractInjectableCluster
 from .._failures import ConfigError, SliceLostError, StepTimeoutError
-from ._coordinator import join_as_client
-from ._group_barrier import coordination_client
+from ._coordinator import join_job
+from ._group_barrier import bound_orbax_barriers, coordination_client
 from ..config._settings import check_multiprocess_settings
 
 PROCESS_ID_ENV = "ELASTIC_TRAINER_PROCESS_ID"
@@ -72,6 +72,34 @@ def _kill_if_stuck(client, process: int) -> None:
         pass  # dead already, not stuck
 
 
+def _noted(client, key: str) -> str | None:
+    """The value of ``key`` in the coordination service's key-value store, ``None`` if it is not there."""
+    try:
+        return client.key_value_try_get(f"{_KEY}{key}")
+    except Exception:  # noqa: BLE001 - the runtime raises a plain error for a missing key
+        return None
+
+
+def _say_down(client) -> None:
+    """Note when this process goes down (failure injection, or its slice was lost), for the others' records."""
+    client.key_value_set(f"{_KEY}down/{jax.process_index()}", repr(time.time()))
+
+
+def _configure_runtime(
+    *, platform: str | None, devices_per_process: int | None, collective_timeout_s: int, barrier_timeout_s: int
+) -> None:
+    """JAX's CPU collectives (gloo, with a timeout) and device count, recoverability, and Orbax's barrier timeout."""
+    if platform == "cpu":
+        jax.config.update("jax_platforms", "cpu")
+        jax.config.update("jax_cpu_collectives_implementation", "gloo")
+        flag = f"--xla_cpu_collective_timeout_seconds={collective_timeout_s}"
+        os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {flag}".strip()
+        if devices_per_process is not None:
+            jax.config.update("jax_num_cpu_devices", devices_per_process)
+    jax.config.update("jax_enable_recoverability", True)  # survivors live on when a process dies
+    bound_orbax_barriers(barrier_timeout_s)
+
+
 class MultiprocessCluster(AbstractInjectableCluster):
     """Slices made of processes of a multi-controller JAX job (``jax.distributed``).
 
@@ -96,6 +124,10 @@ class MultiprocessCluster(AbstractInjectableCluster):
         Without it, a collective whose peer died never returns and blocks the
         survivors' devices for good; so this bounds detection and recovery.
     :param initialization_timeout_s: how long a process waits for the others to start.
+    :param barrier_timeout_s: how long a process waits at any barrier of the
+        coordination service (Orbax's in a save included) before that save
+        fails: a process that died in the window does not fail such a
+        barrier, it is waited out.
     :param platform: ``"cpu"`` (gloo collectives between processes on CPU) or
         ``None`` for JAX's default platform on a real cluster.
     :param launcher: ``"local"``: the command line starts the processes on
@@ -119,6 +151,7 @@ class MultiprocessCluster(AbstractInjectableCluster):
         heartbeat_timeout_s: int = 5,
         collective_timeout_s: int = 10,
         initialization_timeout_s: int = 120,
+        barrier_timeout_s: int = 30,
         platform: str | None = "cpu",
         launcher: str = "local",
         coordinator: str = "separate",
@@ -127,7 +160,7 @@ class MultiprocessCluster(AbstractInjectableCluster):
             num_processes=num_processes, devices_per_process=devices_per_process,
             processes_per_slice=processes_per_slice, heartbeat_timeout_s=heartbeat_timeout_s,
             collective_timeout_s=collective_timeout_s, initialization_timeout_s=initialization_timeout_s,
-            platform=platform, launcher=launcher, coordinator=coordinator,
+            barrier_timeout_s=barrier_timeout_s, platform=platform, launcher=launcher, coordinator=coordinator,
         )
         self.num_processes = num_processes
         self.devices_per_process = devices_per_process
@@ -135,6 +168,7 @@ class MultiprocessCluster(AbstractInjectableCluster):
         self.heartbeat_timeout_s = heartbeat_timeout_s
         self.collective_timeout_s = collective_timeout_s
         self.initialization_timeout_s = initialization_timeout_s
+        self.barrier_timeout_s = barrier_timeout_s
         self.platform = platform
         self.launcher = launcher
         self.coordinator = coordinator
@@ -156,23 +190,12 @@ class MultiprocessCluster(AbstractInjectableCluster):
                 "cluster=multiprocess must configure JAX before any JAX operation runs in this process; "
                 "start it with python -m elastic_trainer, or build the cluster first."
             )
-        if self.platform == "cpu":
-            jax.config.update("jax_platforms", "cpu")
-            jax.config.update("jax_cpu_collectives_implementation", "gloo")
-            flag = f"--xla_cpu_collective_timeout_seconds={self.collective_timeout_s}"
-            os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {flag}".strip()
-            if self.devices_per_process is not None:
-                jax.config.update("jax_num_cpu_devices", self.devices_per_process)
-        jax.config.update("jax_enable_recoverability", True)  # survivors live on when a process dies
-        process_id = os.environ.get(PROCESS_ID_ENV)
-        join = dict(num_processes=self.num_processes if process_id is not None else None,
-                    process_id=int(process_id) if process_id is not None else None)
-        if self.coordinator == "separate":
-            join_as_client(**join, heartbeat_timeout_s=self.heartbeat_timeout_s,
-                           initialization_timeout_s=self.initialization_timeout_s)
-        else:
-            jax.distributed.initialize(**join, heartbeat_timeout_seconds=self.heartbeat_timeout_s,
-                                       initialization_timeout=self.initialization_timeout_s)
+        _configure_runtime(platform=self.platform, devices_per_process=self.devices_per_process,
+                           collective_timeout_s=self.collective_timeout_s, barrier_timeout_s=self.barrier_timeout_s)
+        process_id = os.environ.get(PROCESS_ID_ENV)  # unset: JAX's cluster detection knows it, and the count
+        join_job(self.coordinator, num_processes=self.num_processes if process_id is not None else None,
+                 process_id=int(process_id) if process_id is not None else None,
+                 heartbeat_timeout_s=self.heartbeat_timeout_s, initialization_timeout_s=self.initialization_timeout_s)
         if jax.process_count() != self.num_processes:
             raise ConfigError(
                 f"cluster.num_processes is {self.num_processes} but the job has {jax.process_count()} processes; "
@@ -227,7 +250,7 @@ class MultiprocessCluster(AbstractInjectableCluster):
             "kind": self.kind, "slices": self.slices, "devices_per_slice": per_process * self.processes_per_slice,
             "processes": self.num_processes, "processes_per_slice": self.processes_per_slice,
             "heartbeat_timeout_s": self.heartbeat_timeout_s, "collective_timeout_s": self.collective_timeout_s,
-            "coordinator": self.coordinator,
+            "barrier_timeout_s": self.barrier_timeout_s, "coordinator": self.coordinator,
         }
 
     # ------------------------------------------------------------------ health
@@ -250,11 +273,17 @@ class MultiprocessCluster(AbstractInjectableCluster):
         lost = [s for s in slices if s not in healthy or self._failures[s] != since[s]]
         if lost:
             dead = sorted(p for s in lost for p in self.processes_of(s) if p not in self._live)
-            if all(self._was_stuck(p) for p in dead):
+            if all(_noted(self._client(), f"stuck/{p}") for p in dead):
                 message = f"DEADLINE_EXCEEDED: process(es) {dead} of slice(s) {lost} were stuck and have been killed"
             else:
                 message = f"DATA_LOSS: process(es) {dead} of slice(s) {lost} died"
+            leaving = sorted(p for s in lost for p in self.processes_of(s) if p in self._live)
+            if leaving:  # a slice goes down whole: the live processes of a lost slice leave the job
+                message += f"; process(es) {leaving} of the same slice(s) leave the job"
+                if jax.process_index() in leaving:
+                    self._leave_with_lost_slice(message)
             error = SliceLostError(message, slices=lost)
+            error.processes = tuple(dead + leaving)
             down = [self._lost_at.get(p) for p in dead]
             error.occurred_at = min(down) if down and None not in down else None
             raise error
@@ -297,25 +326,11 @@ class MultiprocessCluster(AbstractInjectableCluster):
         except ProcessFailureError as failure:
             dead = {device.process_index for device in failure.failed_devices} & self._live
             for process in sorted(dead):
-                self._lost_at[process] = self._stamp(process)
+                down_at = _noted(self._client(), f"down/{process}")  # failure injection says when
+                self._lost_at[process] = float(down_at) if down_at is not None else None
             self._live -= dead
             for s in {p // self.processes_per_slice for p in dead}:
                 self._failures[s] += 1
-
-    def _was_stuck(self, process: int) -> bool:
-        """Whether a process (any of them) killed ``process`` because it was stuck."""
-        try:
-            self._client().key_value_try_get(f"{_KEY}stuck/{process}")
-            return True
-        except Exception:  # noqa: BLE001 - the runtime raises a plain error for a missing key
-            return False
-
-    def _stamp(self, process: int) -> float | None:
-        """When ``process`` went down, if it said so before it went (failure injection does)."""
-        try:
-            return float(self._client().key_value_try_get(f"{_KEY}down/{process}"))
-        except Exception:  # noqa: BLE001 - the runtime raises a plain error for a missing key
-            return None
 
     def step_dispatched(self) -> None:
         """Note in the key-value store that this process reached its latest step's collectives."""
@@ -345,14 +360,31 @@ class MultiprocessCluster(AbstractInjectableCluster):
         """
         self._check_index(index)
         if jax.process_index() in self.processes_of(index):
-            self._say_down()
+            _say_down(self._client())
             os.kill(os.getpid(), signal.SIGKILL)
+
+    def fail_process(self, index: int, position: int) -> None:
+        """Kill one process of slice ``index``, the one at ``position`` in it; the others of the slice then
+        leave the job (a slice goes down whole) and the rest go on."""
+        self._check_index(index)
+        if not 0 <= position < self.processes_per_slice:
+            raise ConfigError(f"slice {index} has processes at positions 0 to {self.processes_per_slice - 1}, "
+                              f"not {position}; cluster.processes_per_slice is {self.processes_per_slice}.")
+        if jax.process_index() == self.processes_of(index)[position]:
+            _say_down(self._client())
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    def _leave_with_lost_slice(self, message: str) -> None:
+        """This process lives but its slice is lost: go too (SIGKILL, as the slice's dead process went), saying why."""
+        _say_down(self._client())
+        print(f"elastic_trainer: process {jax.process_index()} leaves the job: {message}", file=sys.stderr, flush=True)
+        os.kill(os.getpid(), signal.SIGKILL)
 
     def hang_slice(self, index: int, *, down_for_s: float) -> None:
         """Hang slice ``index``: its processes sleep ``down_for_s`` before their next step's collectives."""
         self._check_index(index)
         if jax.process_index() in self.processes_of(index):
-            self._say_down()
+            _say_down(self._client())
             time.sleep(down_for_s)
 
     def _check_index(self, index: int) -> None:
@@ -364,6 +396,3 @@ class MultiprocessCluster(AbstractInjectableCluster):
                 "cluster.coordinator=process0: losing it ends every process (JAX's own limit), so failure injection "
                 "spares it; choose another slice, or set cluster.coordinator=separate."
             )
-
-    def _say_down(self) -> None:
-        self._client().key_value_set(f"{_KEY}down/{jax.process_index()}", repr(time.time()))

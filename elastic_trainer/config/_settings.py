@@ -34,6 +34,7 @@ def check_multiprocess_settings(
     heartbeat_timeout_s: int,
     collective_timeout_s: int,
     initialization_timeout_s: int,
+    barrier_timeout_s: int,
     platform: str | None,
     launcher: str,
     coordinator: str,
@@ -52,6 +53,7 @@ def check_multiprocess_settings(
     check_at_least("cluster.heartbeat_timeout_s", heartbeat_timeout_s, 1)
     check_at_least("cluster.collective_timeout_s", collective_timeout_s, 1)
     check_at_least("cluster.initialization_timeout_s", initialization_timeout_s, 1)
+    check_at_least("cluster.barrier_timeout_s", barrier_timeout_s, 1)
     if platform not in ("cpu", None):
         raise ConfigError(
             f"cluster.platform must be 'cpu' (gloo collectives between processes on CPU) or null "
