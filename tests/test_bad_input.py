@@ -106,6 +106,8 @@ BAD_VALUES = [
     ("cluster/multiprocess.launcher", ["cluster=multiprocess", "cluster.launcher=slurm"],
      "cluster.launcher must be 'local' (the command starts the processes here) or 'none' (a scheduler started "
      "them), got 'slurm'."),
+    ("cluster/multiprocess.barrier_timeout_s", ["cluster=multiprocess", "cluster.barrier_timeout_s=0"],
+     "cluster.barrier_timeout_s must be at least 1, got 0."),
     ("cluster/multiprocess.coordinator", ["cluster=multiprocess", "cluster.coordinator=process1"],
      "cluster.coordinator must be 'separate' (JAX's coordination service in a process of its own) or 'process0' "
      "(process 0 hosts it, and may not be lost), got 'process1'."),
@@ -193,6 +195,9 @@ BAD_VALUES = [
      "chaos failure phase must be one of ('train_step', 'checkpoint_save', 'checkpoint_restore', 'recovery'), got 'lunch'."),
     ("chaos/chaos.failures[].down_for_s", ["+chaos=schedule", "chaos.failures=[{at_step: 1, slice: 0, down_for_s: -1}]"],
      "chaos failure ScheduledFailure(at_step=1, slice=0, phase='train_step', down_for_s=-1.0"),
+    ("chaos/chaos.failures[].process", ["+chaos=schedule", "chaos.failures=[{at_step: 1, slice: 0, process: -1}]"],
+     "chaos failure ScheduledFailure(at_step=1, slice=0, phase='train_step', down_for_s=1000000000.0, hang=False, "
+     "process=-1): process must not be negative"),
     ("chaos/chaos.failures[].hang", ["+chaos=schedule", "chaos.failures=[{at_step: 1, slice: 0, hang: maybe}]"],
      "chaos.failures (hang): value 'maybe' is not a valid bool"),
 ]

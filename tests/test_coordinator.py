@@ -4,12 +4,10 @@ Losing process 0 itself is run for real in tests/test_fault_matrix.py (the multi
 tests/test_multiprocess.py (a simulated Slurm job with the coordinator as a task of its own).
 """
 
-import subprocess
-import sys
-
 import pytest
 
 import elastic_trainer as et
+from elastic_trainer import coordinator
 from elastic_trainer._failures import ConfigError
 from elastic_trainer.clusters._coordinator import COORDINATOR_ENV, join_as_client
 from elastic_trainer.launch._launcher import _say_who_ended
@@ -33,10 +31,10 @@ def test_a_training_process_with_no_coordinator_to_join_says_how_to_name_it(monk
 
 
 @pytest.mark.parametrize("args", [["--num-processes", "0"], ["--num-processes", "2", "--port", "70000"], []])
-def test_the_coordinator_refuses_bad_arguments_with_status_2(args):
-    result = subprocess.run([sys.executable, "-m", "elastic_trainer.coordinator", *args], capture_output=True,
-                            text=True, timeout=120)
-    assert result.returncode == 2 and "error:" in result.stderr, result.stderr
+def test_the_coordinator_refuses_bad_arguments_with_status_2(args, capsys):
+    with pytest.raises(SystemExit) as exited:
+        coordinator.main(args)
+    assert exited.value.code == 2 and "error:" in capsys.readouterr().err
 
 
 def test_the_launcher_says_which_process_ended_and_where_the_output_now_goes(tmp_path, capsys):

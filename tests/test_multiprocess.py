@@ -114,63 +114,42 @@ def test_sigterm_to_the_full_restart_supervisor_kills_its_worker(run_dir):
     assert not processes_of(run_dir)
 
 
-def test_a_job_started_the_way_srun_starts_it_loses_task_0_and_goes_on(run_dir, tmp_path_factory):
+def test_a_job_started_the_way_srun_starts_it_loses_task_0_and_its_slice_goes_down_whole(run_dir, tmp_path_factory):
     """cluster.launcher=none under a simulated Slurm allocation, as README's sbatch script runs it: the
-    coordinator (python -m elastic_trainer.coordinator) as a task of its own, then 3 tasks started as srun starts
+    coordinator (python -m elastic_trainer.coordinator) as a task of its own, then 4 tasks started as srun starts
     them (the SLURM_* variables JAX's cluster detection reads, every task on node 127.0.0.1,
-    JAX_COORDINATOR_PORT naming the coordinator's port), no launcher of ours; task 0 is SIGKILLed during
-    step 9 (chaos), the other two go on with every invariant of the fault matrix."""
+    JAX_COORDINATOR_PORT naming the coordinator's port), no launcher of ours, 2 slices of 2 processes of 1
+    device (cluster.processes_per_slice=2). Task 0 alone is SIGKILLed during step 10 (chaos): its partner, task
+    1, leaves the job with it, and tasks 2 and 3 finish on slice 1 with every invariant of the fault matrix."""
     port = free_port()
-    slurm = {"SLURM_JOB_ID": "4242", "SLURM_STEP_NODELIST": "127.0.0.1", "SLURM_NTASKS": "3",
+    slurm = {"SLURM_JOB_ID": "4242", "SLURM_STEP_NODELIST": "127.0.0.1", "SLURM_NTASKS": "4",
              "SLURM_STEP_NUM_NODES": "1", "JAX_COORDINATOR_PORT": str(port)}
     checkpoints = run_dir / "checkpoints"
-    command = [sys.executable, "-m", "elastic_trainer", *CLI_TINY, *THREE, "cluster.launcher=none",
-               "+strategy=scale_down", "+chaos=schedule", "chaos.failures=[{at_step: 9, slice: 0}]",
+    cluster = [*processes(4), "cluster.processes_per_slice=2", "cluster.devices_per_process=1"]
+    command = [sys.executable, "-m", "elastic_trainer", *CLI_TINY, *cluster, "cluster.launcher=none",
+               "+strategy=scale_down", "+chaos=schedule", "chaos.failures=[{at_step: 9, slice: 0, process: 0}]",
                f"checkpoint.dir={checkpoints}"]
     env = {**os.environ, **slurm, "ELASTIC_TRAINER_DISABLE_PLUGIN_AUTOLOAD": "1"}
-    with subprocess.Popen([sys.executable, "-m", "elastic_trainer.coordinator", "--num-processes", "3",
+    with subprocess.Popen([sys.executable, "-m", "elastic_trainer.coordinator", "--num-processes", "4",
                            "--port", str(port), "--heartbeat-timeout-s", "3"]) as coordinator:
         tasks = [subprocess.Popen([*command, f"hydra.run.dir={run_dir / f'task{i}'}"],
                                   env={**env, "SLURM_PROCID": str(i), "SLURM_LOCALID": str(i)},
-                                  stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True) for i in range(3)]
+                                  stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True) for i in range(4)]
         outcomes = [task.communicate(timeout=300) for task in tasks]
         coordinator.terminate()
         assert coordinator.wait(timeout=30) == 0
-    assert [task.returncode for task in tasks] == [-signal.SIGKILL, 0, 0], [err[-2000:] for _, err in outcomes]
-    report = report_of(run_dir / "task1")
-    assert report["steps_completed"] == 12 and report["cluster"]["processes"] == 3
+    exits = [task.returncode for task in tasks]
+    assert exits == [-signal.SIGKILL, -signal.SIGKILL, 0, 0], [err[-2000:] for _, err in outcomes]
+    assert "process 1 leaves the job: DATA_LOSS: process(es) [0] of slice(s) [0] died" in outcomes[1][1]
+    report = report_of(run_dir / "task2")
+    assert report["steps_completed"] == 12 and report["cluster"]["processes"] == 4
+    assert (report["cluster"]["slices"], report["cluster"]["processes_per_slice"]) == (2, 2)
     (failure,) = report["failures"]
-    assert (failure["step"], failure["slices"], failure["kind"]) == (9, [0], "slice_lost")
-    assert (failure["restored_from"], failure["lost_steps"], failure["slices_after"]) == ("replica", 0, 2)
+    assert (failure["step"], failure["slices"], failure["processes"], failure["kind"]) == (9, [0], [0, 1], "slice_lost")
+    assert (failure["restored_from"], failure["lost_steps"], failure["slices_after"]) == ("replica", 0, 1)
     assert report["samples"] == {"consumed": 12 * 48, "duplicated": 0, "skipped": 0}
     on_disk = saved_states(checkpoints)  # step 9's save was under way when task 0 died: on disk if it completed
     assert {3, 6, 12} <= set(on_disk) <= {3, 6, 9, 12}
-    expected = saved_states(cli_reference(THREE, tmp_path_factory))
-    for step in on_disk:
-        assert_same_arrays(on_disk[step], expected[step], f"the checkpoint of step {step}")
-
-
-def test_a_slice_of_two_processes_goes_down_whole_when_one_of_them_is_killed(run_dir, tmp_path_factory):
-    """cluster.processes_per_slice=2, 4 processes of 1 device (2 slices of 2 devices): process 3 (slice 1) is
-    SIGKILLed during step 6; its partner, process 2, leaves the job, and processes 0 and 1 finish on slice 0 from
-    their replicas, every checkpoint equal to a failure-free run's on 2 slices of 2 devices."""
-    two_slices = processes(2)
-    cluster = [*processes(4), "cluster.processes_per_slice=2", "cluster.devices_per_process=1"]
-    result = run_cli(*CLI_TINY, *cluster, "+strategy=scale_down", "+chaos=schedule",
-                     "chaos.failures=[{at_step: 5, slice: 1, process: 1}]", f"hydra.run.dir={run_dir}")
-    assert result.returncode == 0, result.stderr
-    report = report_of(run_dir)
-    assert report["steps_completed"] == 12
-    assert (report["cluster"]["slices"], report["cluster"]["processes_per_slice"]) == (2, 2)
-    (failure,) = [failure for failure in report["failures"] if failure["slices"]]
-    assert (failure["step"], failure["slices"], failure["processes"], failure["kind"]) == (5, [1], [3, 2], "slice_lost")
-    assert (failure["restored_from"], failure["lost_steps"], failure["slices_after"]) == ("replica", 0, 1)
-    assert "process(es) [2] of the same slice(s) leave the job" in result.stderr
-    (attempt,) = report["process_exits"]
-    assert attempt["exit_codes"] == [0, 0, -signal.SIGKILL, -signal.SIGKILL]
-    assert report["samples"] == {"consumed": 12 * 48, "duplicated": 0, "skipped": 0}
-    on_disk = saved_states(run_dir / "checkpoints")  # saves go on over slice 0's two processes
-    assert {3, 6, 9, 12} == set(on_disk)
-    expected = saved_states(cli_reference(two_slices, tmp_path_factory))
+    expected = saved_states(cli_reference(processes(2), tmp_path_factory))  # 2 slices of 2 devices
     for step in on_disk:
         assert_same_arrays(on_disk[step], expected[step], f"the checkpoint of step {step}")
