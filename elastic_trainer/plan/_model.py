@@ -101,8 +101,9 @@ class Runtime:
         save, at every recovery's agreement on who lives and at every start of the processes.
     :param rejoin: a returned slice can rejoin a running job (``scale_down`` scales up).
     :param regroups: a strategy that waits for lost slices re-forms the whole group (a full restart).
-    :param controller_fails: the controller is a host of its own, failing at a slice's rate; with
-        ``False`` the coordinator is slice 0 (process 0 hosts JAX's coordination service).
+    :param controller_fails: the controller (on the multi-controller runtime, the process hosting JAX's
+        coordination service, ``cluster.coordinator=separate``) is a host of its own, failing at a slice's
+        rate; with ``False`` the coordinator is slice 0 (``cluster.coordinator=process0``).
     """
 
     name: str
@@ -120,5 +121,5 @@ class Runtime:
 SINGLE_CONTROLLER = Runtime("single", detection_s=None, barrier_s_per_process=0.0, rejoin=True, regroups=False,
                             controller_fails=True)
 MULTI_CONTROLLER = Runtime("multi", detection_s=MEASURED_DETECTION_S, barrier_s_per_process=barrier_s_per_process(),
-                           rejoin=False, regroups=True, controller_fails=False)
+                           rejoin=False, regroups=True, controller_fails=True)
 RUNTIMES = {runtime.name: runtime for runtime in (SINGLE_CONTROLLER, MULTI_CONTROLLER)}
