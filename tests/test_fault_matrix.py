@@ -373,11 +373,13 @@ CLI_CELLS = {  # (strategy, phase, run): (what fails, the cluster's overrides, t
     # after a save, so that the asynchronous commit of that save has ended and the rows do not depend on timing.
     ("full_restart", "train_step", "CLI"): (
         "slice 1 lost during step 8", [], "[{at_step: 7, slice: 1}]", (2, [6])),
-    ("pause_resume", "train_step", "multiprocess"): (
-        "process 0 of 2 killed during step 6", processes(2), "[{at_step: 5, slice: 0}]", (2, [3])),
-    ("scale_down", "two_slices", "multiprocess"): (
-        "processes 0 and 2 of 3 killed during step 9", processes(3), "[{at_step: 8, slice: 0}, {at_step: 8, slice: 2}]",
-        (1, [])),
+    ("pause_resume", "train_step", "multiprocess"): (  # synchronous saves: process 0 commits them, and an
+        # asynchronous commit still running when it is killed (a loaded machine) would leave no step to restore
+        "process 0 of 2 killed during step 6 (synchronous saves)", [*processes(2), "checkpoint.async_save=false"],
+        "[{at_step: 5, slice: 0}]", (2, [3])),
+    ("scale_down", "two_slices", "multiprocess"): (  # synchronous saves, as above: step 6's commit is process 0's
+        "processes 0 and 2 of 3 killed during step 9 (synchronous saves)",
+        [*processes(3), "checkpoint.async_save=false"], "[{at_step: 8, slice: 0}, {at_step: 8, slice: 2}]", (1, [])),
     ("full_restart", "checkpoint_save", "multiprocess"): (
         "process 1 of 2 killed while step 6 is saved", processes(2), "[{at_step: 6, slice: 1, phase: checkpoint_save}]",
         (2, [3])),
