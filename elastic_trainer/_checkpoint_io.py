@@ -83,7 +83,10 @@ class FailedSaves:
 
     Only Orbax's primary host removes folders (it owns them), and it does so
     again at every :meth:`remove_leftovers`: tensorstore's writes still under
-    way when Orbax reported the failure may create a folder anew.
+    way when Orbax reported the failure may create a folder anew. Orbax does
+    not wait for those writes (it gathers them and raises at the first that
+    fails), so one may even land after the run's last removal. Such a folder
+    is never restored from, and Orbax replaces it at the next save of its step.
     """
 
     def __init__(self, directory: Path):

@@ -97,7 +97,11 @@ def test_max_failed_saves_in_a_row_stop_the_run_naming_the_step_and_cause(tiny_t
     # step 6's save fails at once (found then) or in the background (found when step 8 is due, which is not started)
     assert report["steps_completed"] in (6, 8)
     assert [f["step"] for f in report["checkpoint_failures"]] == [4, 6]
-    assert on_disk(checkpoints) == ["2"]
+    # Orbax does not wait for the writes of a failed save still under way, and one may create its temporary
+    # folder anew after the run's last removal (seen once in a full run of the suite); never one of a step that
+    # committed, and never restored from
+    assert set(on_disk(checkpoints)) - {"4.orbax-checkpoint-tmp", "6.orbax-checkpoint-tmp"} == {"2"}
+    assert et.Checkpointer(checkpoints).steps_newest_first() == [2]
 
 
 def test_the_command_line_stops_with_one_sentence_and_no_traceback_when_the_disk_stays_full(tmp_path):
