@@ -15,7 +15,7 @@ import signal
 import sys
 import threading
 
-from .clusters._coordinator import serve
+from .clusters._coordinator import DEFAULT_HEARTBEAT_TIMEOUT_S, serve
 
 DEFAULT_PORT = 8476
 """The port JAX's own cluster detection uses for its coordinator when none is given."""
@@ -28,8 +28,9 @@ def main(argv: list[str] | None = None) -> int:
                         "(cluster.num_processes)")
     parser.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"port to listen on (default {DEFAULT_PORT})")
     parser.add_argument("--bind", default="[::]", help="address to listen on (default: every address)")
-    parser.add_argument("--heartbeat-timeout-s", type=int, default=5, help="a silent process is declared dead after "
-                        "this long (cluster.heartbeat_timeout_s; default 5)")
+    parser.add_argument("--heartbeat-timeout-s", type=int, default=DEFAULT_HEARTBEAT_TIMEOUT_S,
+                        help="a silent process is declared dead after this long (cluster.heartbeat_timeout_s; "
+                        f"default {DEFAULT_HEARTBEAT_TIMEOUT_S})")
     args = parser.parse_args(argv)
     if args.num_processes < 1 or args.heartbeat_timeout_s < 1 or not 0 < args.port < 65536:
         parser.error("--num-processes and --heartbeat-timeout-s must be at least 1, and --port a TCP port")

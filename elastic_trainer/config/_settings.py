@@ -32,7 +32,7 @@ def check_multiprocess_settings(
     devices_per_process: int | None,
     processes_per_slice: int,
     heartbeat_timeout_s: int,
-    collective_timeout_s: int,
+    collective_timeout_s: int | None,
     initialization_timeout_s: int,
     barrier_timeout_s: int,
     platform: str | None,
@@ -51,7 +51,8 @@ def check_multiprocess_settings(
         )
     # whole seconds: JAX's and XLA's own units
     check_at_least("cluster.heartbeat_timeout_s", heartbeat_timeout_s, 1)
-    check_at_least("cluster.collective_timeout_s", collective_timeout_s, 1)
+    if collective_timeout_s is not None:
+        check_at_least("cluster.collective_timeout_s", collective_timeout_s, 1)
     check_at_least("cluster.initialization_timeout_s", initialization_timeout_s, 1)
     check_at_least("cluster.barrier_timeout_s", barrier_timeout_s, 1)
     if platform not in ("cpu", None):

@@ -12,7 +12,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from ..clusters._coordinator import COORDINATOR_ENV, serve
+from ..clusters._coordinator import COORDINATOR_ENV, DEFAULT_HEARTBEAT_TIMEOUT_S, serve
 from ..clusters._multiprocess import PROCESS_ID_ENV
 from ._processes import POLL_S, ProcessGroup, StopRequest
 from ._supervisor import EVENTS, RESTART_EXIT_CODE, WORKER_ENV, restart_until_done, worker_file
@@ -30,7 +30,7 @@ def free_port() -> int:
 
 def launch(
     *, overrides: list[str], run_dir: Path, num_processes: int, max_restarts: int, started_at: float,
-    stop_signals: Sequence[int], serves_coordinator: bool = True, heartbeat_timeout_s: int = 5,
+    stop_signals: Sequence[int], serves_coordinator: bool = True, heartbeat_timeout_s: int = DEFAULT_HEARTBEAT_TIMEOUT_S,
 ) -> int:
     """Run the job's ``num_processes`` processes with ``overrides`` until they end; the exit status.
 
