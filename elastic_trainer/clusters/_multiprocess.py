@@ -281,9 +281,7 @@ class MultiprocessCluster(AbstractInjectableCluster):
             print(f"elastic_trainer: leaving the job without the others: {error}", file=sys.stderr)
         jax.distributed.shutdown()
 
-    @staticmethod
-    def _client():
-        return coordination_client()
+    _client = staticmethod(coordination_client)  # the coordination service's client, None before joining
 
     # ------------------------------------------------------------------ layout
 
