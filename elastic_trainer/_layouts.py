@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
@@ -39,11 +39,14 @@ class Layouts:
     :param clock: books meshing as start-up (first layout) or re-mesh, and compiling as compile.
     :param steps: the compiled steps, by layout.
     :param global_batch_size: samples per step on the full cluster.
+    :param release: ``release(dropped, kept)`` lets the slices ``dropped`` go at a step boundary, the run
+        going on with ``kept`` (the run's checkpoints do it: their saves go on over what is left); by default the
+        cluster's :meth:`~AbstractCluster.release`.
     """
 
     def __init__(
         self, *, cluster: AbstractCluster, hooks: Any, view: object, clock: GoodputClock, steps: StepCache,
-        global_batch_size: int,
+        global_batch_size: int, release: Callable[[Sequence[int], Sequence[int]], None] | None = None,
     ):
         self._cluster = cluster
         self._hooks = hooks
@@ -51,6 +54,7 @@ class Layouts:
         self._clock = clock
         self._steps = steps
         self._global_batch_size = global_batch_size
+        self._release = release or (lambda dropped, kept: cluster.release(dropped))
         self.current: Layout | None = None
         """The layout made last (what ``trainer.slices`` and ``trainer.mesh`` show)."""
         self.resizes: list[ResizeRecord] = []
@@ -95,19 +99,27 @@ class Layouts:
                 self._steps.compile_ahead(mesh, layout.batch_size, slices)
 
     def maybe_resize(self, state: LoopState) -> LoopState:
-        """Ask plugins whether to change slices at this step boundary (``et_propose_resize``); move the state if so."""
+        """Ask plugins whether to change slices at this step boundary (``et_propose_resize``); move the state if so.
+
+        Slices taken away are released first (``release``); the state moves
+        from the slices kept (each holds a full copy).
+        """
         layout = state.layout
         healthy = self._hooks.et_slice_health(trainer=self._view)
         target = self._hooks.et_propose_resize(trainer=self._view, healthy_slices=list(healthy))
         if target is None or tuple(sorted(target)) == layout.slices:
             return dataclasses.replace(state, at_boundary=False)
         begin = time.time()
+        dropped = [s for s in layout.slices if s not in target]
+        if dropped:
+            self._release(dropped, [s for s in layout.slices if s not in dropped])
         new = self.make(target)
         with self._clock.measure("remesh"):
-            positions = list(range(len(layout.slices)))
-            arrays = jax.device_put(keep_slices(state.arrays, layout.mesh, positions), new.shardings)
+            kept = [position for position, s in enumerate(layout.slices) if s not in dropped]
+            arrays = jax.device_put(keep_slices(state.arrays, layout.mesh, kept), new.shardings)
             jax.block_until_ready(arrays)
-        self.record_resize(state.step, layout, new, reason="scale_up", seconds=time.time() - begin)
+        reason = "dropped" if dropped else "scale_up"
+        self.record_resize(state.step, layout, new, reason=reason, seconds=time.time() - begin)
         return dataclasses.replace(state, arrays=arrays, layout=new, at_boundary=False)
 
     def record_resize(self, step: int, old: Layout, new: Layout, *, reason: str, seconds: float) -> None:

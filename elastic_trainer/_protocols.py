@@ -45,6 +45,10 @@ class TrainerView(RunView, Protocol):
     def ledger(self) -> SampleLedger | None:
         """The samples of the committed steps."""
 
+    @property
+    def stragglers(self) -> frozenset[int]:
+        """The slices found slower than the others (``trainer.straggler_factor``), not recovered since."""
+
 
 class Strategy(Protocol):
     """A strategy: a plugin implementing ``et_choose_recovery``, named in the report by ``name``."""

@@ -135,7 +135,8 @@ class ResizeRecord:
     """A change of the slices in use, as ``report["resizes"]`` lists it.
 
     :param at: when it was done (``time.time()``).
-    :param reason: ``"failure"`` or ``"scale_up"``.
+    :param reason: ``"failure"``, ``"scale_up"``, or ``"dropped"`` (a plugin took slices in use away at a step
+        boundary: ``scale_down`` dropping a straggler).
     :param seconds: the time it took (re-mesh, compile and state transfer).
     """
 

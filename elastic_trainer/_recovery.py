@@ -33,6 +33,7 @@ from ._records import FailureLog, FailureRecord, Layout, LoopState, PendingRecov
 from ._run_checkpoints import NoReadableCheckpoint, RunCheckpoints
 from ._snapshots import HostSnapshots
 from ._step_cache import StepCache
+from ._stragglers import StragglerWatch
 from ._step_runner import StepRunner
 
 HEALTH_POLL_S = 0.05
@@ -64,6 +65,7 @@ class TrainingContext(RunContext):
     """What the trainer's recovery works with besides: layouts, checkpoints, snapshots and the committed steps.
 
     :param layouts: makes the layout the run goes on with.
+    :param stragglers: finds the slices slower than the others.
     :param checkpoints: the run's checkpoints, or ``None``.
     :param snapshots: the host snapshots.
     :param history: the committed steps (rolled back with the state).
@@ -74,6 +76,7 @@ class TrainingContext(RunContext):
     """
 
     layouts: Layouts
+    stragglers: StragglerWatch
     checkpoints: RunCheckpoints | None
     snapshots: HostSnapshots
     history: StepHistory

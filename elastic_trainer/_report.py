@@ -44,6 +44,7 @@ def run_report(trainer: Trainer, ctx: TrainingContext, state: LoopState) -> dict
         **ctx.clock.summary(),
         "failures": trainer.failures,
         "resizes": [resize.to_json() for resize in ctx.layouts.resizes],
+        "stragglers": ctx.stragglers.to_json(),
         "compile_cache": {
             "compiled_ahead": ctx.step_cache.compiled_ahead, "saved_s": ctx.step_cache.saved_s,
             "evicted": ctx.step_cache.evicted, "persistent_cache_dir": jax.config.jax_compilation_cache_dir,
@@ -84,6 +85,11 @@ def summary_table(report: dict[str, Any]) -> Table:
             f"{failure['slices_before']} -> {failure['slices_after']} slices, from {failure['restored_from']}, "
             f"{failure['lost_steps']} steps lost, {recovered}",
         )
+    for straggler in report.get("stragglers", []):
+        recovered = straggler["recovered_at_step"]
+        table.add_row(f"straggler @ {straggler['detected_at_step']}",
+                      f"slice {straggler['slice']} {straggler['ratio']:.1f}x slower than the others since step "
+                      f"{straggler['slow_since_step']}, " + (f"recovered at {recovered}" if recovered else "still slow"))
     failed_saves = report.get("checkpoint_failures") or []
     if failed_saves:
         table.add_row("checkpoint saves failed", f"{len(failed_saves)} (steps "
@@ -142,6 +148,7 @@ def merge_worker_reports(
         "badput_s": badput,
         "failures": failures,
         "resizes": [z for r in reports for z in r["resizes"]],
+        "stragglers": [z for r in reports for z in r.get("stragglers", [])],
         "checkpoint_failures": [f for r in reports for f in r.get("checkpoint_failures", [])],
         "samples": ledger.counts(last["data_position"]),
         "started_at": started_at,
@@ -152,8 +159,9 @@ def merge_worker_reports(
 def report_events(report: dict[str, Any]) -> list[dict[str, Any]]:
     """The timeline events a report holds: each failure, its recovery
     (from the failure to the end of the first productive step after it),
-    each resize and each checkpoint save that failed for I/O, with ``event``
-    and ``time`` (and ``end`` for a recovery)."""
+    each resize, each straggler (from when it was found to when it recovered,
+    if it did) and each checkpoint save that failed for I/O, with ``event``
+    and ``time`` (and ``end`` for a recovery and a recovered straggler)."""
     events = []
     for failure in report["failures"]:
         events.append({"event": "failure", "time": failure["failed_at"], **failure})
@@ -163,5 +171,8 @@ def report_events(report: dict[str, Any]) -> list[dict[str, Any]]:
                 "step": failure["step"], "action": failure["action"],
             })
     events += [{"event": "resize", "time": resize["at"], **resize} for resize in report["resizes"]]
+    events += [{"event": "straggler", "time": straggler["detected_at"], **straggler,
+                **({"end": straggler["recovered_at"]} if straggler["recovered_at"] else {})}
+               for straggler in report.get("stragglers", [])]
     events += [{"event": "checkpoint_failure", **failed} for failed in report.get("checkpoint_failures", [])]
     return events

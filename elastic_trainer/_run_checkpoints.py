@@ -173,6 +173,15 @@ class RunCheckpoints:
         self.regroup(slices=slices, since=since)
         self.checkpointer.discard(step)
 
+    def release(self, dropped: Sequence[int], kept: Sequence[int]) -> None:
+        """Let slices ``dropped`` go at a step boundary (:meth:`AbstractCluster.release`: their processes may leave
+        the job), once the saves under way have committed; later saves go over the live processes of ``kept``."""
+        stopped = self.finish_saving(None)  # a failed save is listed like any other
+        if stopped is not None:
+            raise stopped
+        self._cluster.release(dropped)
+        self.regroup(slices=kept, since=self._cluster.incarnations())
+
     def regroup(self, *, slices: Sequence[int], since: tuple[int, ...]) -> None:
         """Once processes are lost, save over the live ones only (the cluster's :meth:`live_processes`).
 

@@ -40,6 +40,7 @@ from ._run_checkpoints import NoReadableCheckpoint, RunCheckpoints, refuse_to_ov
 from ._run_lock import hold_run_locks
 from .config._settings import check_trainer_settings
 from ._snapshots import HostSnapshots
+from ._stragglers import StragglerRule, StragglerWatch
 from ._state import TrainState, init_train_state
 from ._step import LossFn, check_fits, make_step_fn
 from ._step_cache import DEFAULT_MAX_LAYOUTS, StepCache
@@ -61,6 +62,19 @@ def _let_the_save_in_flight_end(checkpointer: Checkpointer | None) -> None:
     if checkpointer is not None and checkpointer.saving and jax.process_count() == 1:
         with contextlib.suppress(Exception):  # the error that ended the run is the one to raise
             checkpointer.wait()
+
+
+def _preempted(checkpointer: Checkpointer | None, step: int, signum: int) -> Preempted:
+    """What a stop signal ends the run with, once it stopped after step ``step``: where it goes on from."""
+    name = signal.Signals(signum).name
+    if checkpointer is None:
+        return Preempted(f"stopped by {name} after step {step}, with no checkpoint (checkpoints are off).",
+                         signum=signum)
+    latest = checkpointer.latest_step()
+    where = (f"saved as a checkpoint in {checkpointer.directory}" if latest == step else
+             f"whose save failed, so a resume goes on from {f'step {latest}' if latest else 'the start'}")
+    return Preempted(f"stopped by {name} after step {step}, {where}; continue with "
+                     "checkpoint.resume=true.", signum=signum)
 
 
 class FitResult(NamedTuple):
@@ -103,6 +117,7 @@ class Trainer:
     :param preemption_signal: a signal that stops training like SIGTERM and
         Ctrl-C do (``"SIGUSR1"``): at the next step boundary, with a checkpoint
         of the last committed step (:class:`~elastic_trainer.Preempted`).
+    :param straggler_rule: when a slice slower than the others is a straggler (:attr:`stragglers`).
 
     With a checkpointer, :meth:`fit` holds the lock of the checkpoint
     directory and of ``run_dir`` for the run's life (process 0 of several),
@@ -133,6 +148,7 @@ class Trainer:
         started_at: float | None = None,
         preemption_signal: str | int | None = None,
         max_cached_layouts: int = DEFAULT_MAX_LAYOUTS,
+        straggler_rule: StragglerRule = StragglerRule(),
     ):
         check_trainer_settings(steps=steps, global_batch_size=global_batch_size, snapshot_period=snapshot_period,
                                step_timeout_s=step_timeout_s, within_slice=within_slice,
@@ -143,7 +159,7 @@ class Trainer:
         self.model, self.loss_fn, self.optimizer, self.data = model, loss_fn, optimizer, data
         self.steps, self.global_batch_size, self.seed = steps, global_batch_size, seed
         self.within_slice, self.snapshot_period = within_slice, snapshot_period
-        self.max_cached_layouts = max_cached_layouts
+        self.max_cached_layouts, self.straggler_rule = max_cached_layouts, straggler_rule
         self.checkpointer, self.resume = checkpointer, resume
         self.run_dir = None if run_dir is None else Path(run_dir)
         self.started_at = started_at
@@ -176,6 +192,11 @@ class Trainer:
         """The mesh of the layout in use (``None`` before :meth:`fit`)."""
         layout = self._ctx and self._ctx.layouts.current
         return layout.mesh if layout else None
+
+    @property
+    def stragglers(self) -> frozenset[int]:
+        """The slices found slower than the others and not recovered since (none before :meth:`fit`)."""
+        return self._ctx.stragglers.current if self._ctx else frozenset()
 
     @property
     def ledger(self) -> SampleLedger | None:
@@ -221,7 +242,7 @@ class Trainer:
             while not state.whole or state.save_due or state.step < self.steps:
                 if state.at_boundary and preemption.stops_at(state.step):
                     if not self._save_before_stopping(state.step) or forced_save:
-                        raise self._preempted(state.step, preemption.signum)
+                        raise _preempted(self.checkpointer, state.step, preemption.signum)
                     state, forced_save = dataclasses.replace(state, save_due=True, at_boundary=False), True
                 if state.at_boundary and state.step < self.steps:
                     state = self._ctx.layouts.maybe_resize(state)
@@ -247,18 +268,6 @@ class Trainer:
             self._ctx.checkpoints.finish_saving(None)  # a failed save is listed; the signal stops the run anyway
         return step not in self.checkpointer.steps_newest_first()
 
-    def _preempted(self, step: int, signum: int) -> Preempted:
-        """What a stop signal ends the run with, once it stopped after step ``step``: where it goes on from."""
-        name = signal.Signals(signum).name
-        if self.checkpointer is None:
-            return Preempted(f"stopped by {name} after step {step}, with no checkpoint (checkpoints are off).",
-                             signum=signum)
-        latest = self.checkpointer.latest_step()
-        where = (f"saved as a checkpoint in {self.checkpointer.directory}" if latest == step else
-                 f"whose save failed, so a resume goes on from {f'step {latest}' if latest else 'the start'}")
-        return Preempted(f"stopped by {name} after step {step}, {where}; continue with "
-                         "checkpoint.resume=true.", signum=signum)
-
     def _start(self) -> LoopState:
         """Start JAX, build the run's collaborators and the first layout; the loop's first state."""
         clock = GoodputClock(self.started_at)
@@ -275,11 +284,13 @@ class Trainer:
             check_fits(step_fn, arrays, sample)
             step_cache = StepCache(step_fn, arrays, sample, within_slice=self.within_slice,
                                    max_layouts=self.max_cached_layouts)
+        checkpoints = self._run_checkpoints(clock, static)
+        layouts = Layouts(cluster=self.cluster, hooks=self.hook, view=self, clock=clock, steps=step_cache,
+                          global_batch_size=self.global_batch_size, release=checkpoints and checkpoints.release)
         self._ctx = ctx = TrainingContext(
             cluster=self.cluster, hooks=self.hook, plugin_manager=self.plugin_manager, view=self, clock=clock,
-            failures=self._failures, layouts=Layouts(cluster=self.cluster, hooks=self.hook, view=self, clock=clock,
-                                                     steps=step_cache, global_batch_size=self.global_batch_size),
-            checkpoints=self._run_checkpoints(clock, static), snapshots=HostSnapshots(self.snapshot_period),
+            failures=self._failures, layouts=layouts, stragglers=StragglerWatch(self.straggler_rule),
+            checkpoints=checkpoints, snapshots=HostSnapshots(self.snapshot_period),
             history=StepHistory(SampleLedger(self.data.num_samples, seed=self.seed, start_position=0)),
             abstract=jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), arrays), static=static,
             step_cache=step_cache, runner=StepRunner(self.cluster, self.data, self._watchdog, sample),
@@ -314,6 +325,7 @@ class Trainer:
             arrays, metrics = ctx.runner.run(layout, state.arrays, ids, since=state.incarnations)
         with ctx.clock.measure("productive"):
             ctx.history.commit(step, ids, metrics["loss"])
+            ctx.stragglers.observe(step + 1, self.cluster.slice_step_seconds())
             finish_recovery(ctx, state.pending)
             ctx.history.note_first_step(ctx.clock)
             save_due = ctx.checkpoints is not None and ctx.checkpoints.due(step + 1, last_step=self.steps)

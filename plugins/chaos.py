@@ -30,6 +30,9 @@ class ScheduledFailure:
     :param process: on ``cluster=multiprocess``, kill only the slice's
         process at this position (0 to ``processes_per_slice - 1``); the
         slice's other processes then leave the job. ``None``: all of them.
+    :param slow: slow the slice down instead, by this factor (above 1): for
+        ``down_for_s`` seconds its steps take that many times as long; it
+        stays up (a straggler).
     """
 
     at_step: int
@@ -38,6 +41,7 @@ class ScheduledFailure:
     down_for_s: float = 1e9
     hang: bool = False
     process: int | None = None
+    slow: float | None = None
 
     def __post_init__(self):
         if self.at_step < 0 or self.slice < 0 or self.down_for_s < 0:
@@ -47,6 +51,10 @@ class ScheduledFailure:
         if self.process is not None and (self.process < 0 or self.hang):
             raise et.ConfigError(f"chaos failure {self}: process must not be negative, and a hang takes the whole "
                                  "slice (leave process unset).")
+        if self.slow is not None and (self.slow <= 1 or self.hang or self.process is not None
+                                      or self.phase != "train_step"):
+            raise et.ConfigError(f"chaos failure {self}: slow must be above 1, and a slow slice is neither hung nor "
+                                 "lost in part, from a train step on (leave hang, process and phase unset).")
 
 
 def check_chaos_settings(
@@ -67,7 +75,8 @@ class Chaos:
 
     On ``cluster=simulated`` the slice's devices fail; on
     ``cluster=multiprocess`` every process of the slice is killed with
-    SIGKILL (a hang puts it to sleep before the step's collectives).
+    SIGKILL (a hang puts it to sleep before the step's collectives). An
+    entry with ``slow`` slows the slice down instead (``cluster.slow_slice``).
 
     :param failures: scheduled failures (mappings or :class:`ScheduledFailure`).
     :param mean_steps_between_failures: random mode: each step loses one of
@@ -167,6 +176,9 @@ class Chaos:
                 self._remember(trainer)
                 if failure.process is not None:
                     trainer.cluster.fail_process(failure.slice, failure.process)
+                    continue
+                if failure.slow is not None:
+                    trainer.cluster.slow_slice(failure.slice, factor=failure.slow, for_s=failure.down_for_s)
                     continue
                 lose = trainer.cluster.hang_slice if failure.hang else trainer.cluster.fail_slice
                 lose(failure.slice, down_for_s=failure.down_for_s)

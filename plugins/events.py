@@ -13,7 +13,7 @@ EVENTS_FILE = "events.jsonl"
 
 class EventLog:
     """Records steps, checkpoint saves and restores as they happen, and the
-    failures, recoveries and resizes of the report, as one JSON object per line
+    failures, recoveries, resizes and stragglers of the report, as one JSON object per line
     ordered by time (``time.time()`` seconds, like the report's ``started_at``).
 
     Every event has ``event`` and ``time`` (its start); spans also have ``end``:
@@ -25,6 +25,7 @@ class EventLog:
     - ``recovery``: from a failure until the end of the first productive step after it;
     - ``resize``: the mesh changed from ``slices_before`` to ``slices_after`` slices, for ``reason``.
     - ``checkpoint_failure``: the save of ``step`` failed for I/O (``cause``), found at ``time``; training went on.
+    - ``straggler``: a straggler as in ``report["stragglers"]``, from when it was found (to when it recovered).
     """
 
     def __init__(self):

@@ -34,6 +34,14 @@ class ScaleDown:
     :param compile_ahead: compile the step for every "one slice fewer" layout
         in the background after start, so a recovery need not wait for a
         compile; off saves that work where compiles are cheap or cores few.
+    :param drop_stragglers: at a step boundary, go on without the slices in
+        use found to be stragglers (``trainer.straggler_factor`` times slower
+        than the others for ``trainer.straggler_steps`` steps), as long as
+        ``min_slice_count`` remain; with ``scale_up``, take one back after
+        ``drop_for_steps`` steps (twice as long each time it is dropped
+        again). On ``cluster=multiprocess`` a dropped slice's processes
+        leave the job and do not come back.
+    :param drop_for_steps: how many steps a dropped straggler stays out the first time.
     """
 
     name = "scale_down"
@@ -48,6 +56,8 @@ class ScaleDown:
         max_retries: int = 10,
         retry_reset_steps: int = et.RetryBudget.DEFAULT_RESET_STEPS,
         compile_ahead: bool = True,
+        drop_stragglers: bool = False,
+        drop_for_steps: int = 20,
     ):
         if min_slice_count < 1:
             raise et.ConfigError(f"strategy.min_slice_count must be at least 1, got {min_slice_count}.")
@@ -55,6 +65,8 @@ class ScaleDown:
             raise et.ConfigError(f"strategy.timeout_s must be at least 0, got {timeout_s}.")
         if batch_policy not in BATCH_POLICIES:
             raise et.ConfigError(f"strategy.batch_policy must be one of {BATCH_POLICIES}, got {batch_policy!r}.")
+        if drop_for_steps < 1:
+            raise et.ConfigError(f"strategy.drop_for_steps must be at least 1, got {drop_for_steps}.")
         if lr_scaling not in LR_SCALINGS:
             raise et.ConfigError(f"strategy.lr_scaling must be one of {LR_SCALINGS}, got {lr_scaling!r}.")
         self.min_slice_count = min_slice_count
@@ -64,6 +76,11 @@ class ScaleDown:
         self.lr_scaling = lr_scaling
         self.retries = et.RetryBudget(self.name, max_retries, retry_reset_steps)
         self.compile_ahead = compile_ahead
+        self.drop_stragglers = drop_stragglers
+        self.drop_for_steps = drop_for_steps
+        self._step = 0  # steps completed, as of the last step's end
+        self._out_until: dict[int, int] = {}  # dropped straggler -> the step it may come back at
+        self._drops: dict[int, int] = {}  # slice -> how often it was dropped
 
     @et.hookimpl
     def et_run_start(self, trainer: et.Trainer) -> None:
@@ -99,11 +116,33 @@ class ScaleDown:
         return [[s for s in trainer.slices if s != lost] for lost in trainer.slices]
 
     @et.hookimpl
+    def et_step_end(self, step: int) -> None:
+        """Note the steps completed, for how long a dropped straggler stays out."""
+        self._step = step
+
+    @et.hookimpl
     def et_propose_resize(self, trainer: et.Trainer, healthy_slices: list[int]) -> list[int] | None:
-        """Take back every healthy slice when more are healthy than in use."""
-        if self.scale_up and len(healthy_slices) > len(trainer.slices):
-            return healthy_slices
+        """Drop the stragglers in use (``drop_stragglers``); else take back every healthy slice when more are
+        healthy than in use, less the dropped stragglers whose time out is not over."""
+        stragglers = self._stragglers_to_drop(trainer)
+        if stragglers:
+            for s in stragglers:
+                self._drops[s] = self._drops.get(s, 0) + 1
+                self._out_until[s] = self._step + self.drop_for_steps * 2 ** (self._drops[s] - 1)
+            return [s for s in trainer.slices if s not in stragglers]
+        back = [s for s in healthy_slices if self._out_until.get(s, 0) <= self._step]
+        if self.scale_up and len(back) > len(trainer.slices):
+            return back
         return None
+
+    def _stragglers_to_drop(self, trainer: et.Trainer) -> list[int]:
+        """The stragglers in use to drop now: none unless ``drop_stragglers``, never one whose loss would end the
+        job (``cluster.spared_slices``), and none if fewer than ``min_slice_count`` slices would be left."""
+        if not self.drop_stragglers:
+            return []
+        spared = getattr(trainer.cluster, "spared_slices", ())
+        drop = sorted(s for s in trainer.stragglers if s in trainer.slices and s not in spared)
+        return drop if len(trainer.slices) - len(drop) >= self.min_slice_count else []
 
 
 def _check_batch_divides(batch_size: int, *, devices_per_slice: int, slice_counts: range) -> None:

@@ -60,6 +60,8 @@ BAD_VALUES = [
     ("trainer.snapshot_period", ["trainer.snapshot_period=-1"], "trainer.snapshot_period must be at least 0, got -1."),
     ("trainer.step_timeout_s", ["trainer.step_timeout_s=-1"], "trainer.step_timeout_s must be at least 0, got -1.0."),
     ("trainer.max_cached_layouts", ["trainer.max_cached_layouts=0"], "trainer.max_cached_layouts must be at least 1, got 0."),
+    ("trainer.straggler_factor", ["trainer.straggler_factor=1"], "trainer.straggler_factor must be above 1, got 1.0."),
+    ("trainer.straggler_steps", ["trainer.straggler_steps=0"], "trainer.straggler_steps must be at least 1, got 0."),
     ("trainer.preemption_signal", ["trainer.preemption_signal=SIGFOO"],
      "trainer.preemption_signal 'SIGFOO' is not a signal; give a name such as SIGUSR1 or its number."),
     ("trainer.preemption_signal", ["trainer.preemption_signal=SIGKILL"],
@@ -154,6 +156,10 @@ BAD_VALUES = [
     ("strategy/scale_down.compile_ahead", ["+strategy=scale_down", "strategy.compile_ahead=maybe"],
      "strategy.compile_ahead: value 'maybe' is not a valid bool"),
     ("strategy/scale_down.scale_up", ["+strategy=scale_down", "strategy.scale_up=maybe"], "strategy.scale_up: value 'maybe' is not a valid bool"),
+    ("strategy/scale_down.drop_stragglers", ["+strategy=scale_down", "strategy.drop_stragglers=maybe"],
+     "strategy.drop_stragglers: value 'maybe' is not a valid bool"),
+    ("strategy/scale_down.drop_for_steps", ["+strategy=scale_down", "strategy.drop_for_steps=0"],
+     "strategy.drop_for_steps must be at least 1, got 0."),
     ("strategy/scale_down.batch_policy", ["+strategy=scale_down", "strategy.batch_policy=keep_all"],
      "strategy.batch_policy must be one of ('keep_global', 'keep_per_device'), got 'keep_all'."),
     ("strategy/scale_down.lr_scaling", ["+strategy=scale_down", "strategy.lr_scaling=cubic"],
@@ -197,7 +203,10 @@ BAD_VALUES = [
      "chaos failure ScheduledFailure(at_step=1, slice=0, phase='train_step', down_for_s=-1.0"),
     ("chaos/chaos.failures[].process", ["+chaos=schedule", "chaos.failures=[{at_step: 1, slice: 0, process: -1}]"],
      "chaos failure ScheduledFailure(at_step=1, slice=0, phase='train_step', down_for_s=1000000000.0, hang=False, "
-     "process=-1): process must not be negative"),
+     "process=-1, slow=None): process must not be negative"),
+    ("chaos/chaos.failures[].slow", ["+chaos=schedule", "chaos.failures=[{at_step: 1, slice: 0, slow: 0.5}]"],
+     "chaos failure ScheduledFailure(at_step=1, slice=0, phase='train_step', down_for_s=1000000000.0, hang=False, "
+     "process=None, slow=0.5): slow must be above 1"),
     ("chaos/chaos.failures[].hang", ["+chaos=schedule", "chaos.failures=[{at_step: 1, slice: 0, hang: maybe}]"],
      "chaos.failures (hang): value 'maybe' is not a valid bool"),
 ]

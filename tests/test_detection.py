@@ -9,15 +9,15 @@ import types
 import pytest
 
 import elastic_trainer as et
-from elastic_trainer.clusters import _multiprocess
+from elastic_trainer.clusters import _step_times
 
 
 def dispatch_every(seconds, monkeypatch, cluster, steps):
     """Dispatch ``steps`` steps on ``cluster``'s step clock, ``seconds`` apart (no JAX job: the clock only)."""
     ticks = itertools.count()
-    monkeypatch.setattr(_multiprocess, "time", types.SimpleNamespace(monotonic=lambda: next(ticks) * seconds))
+    monkeypatch.setattr(_step_times, "time", types.SimpleNamespace(monotonic=lambda: next(ticks) * seconds))
     for _ in range(steps):
-        cluster._step_times.dispatched()
+        cluster._timeout_check.dispatched()
 
 
 def test_an_unset_collective_timeout_is_two_seconds_and_warns_when_steps_are_too_slow_for_it(monkeypatch):
@@ -36,4 +36,4 @@ def test_steps_well_under_the_timeout_do_not_warn(monkeypatch):
 
 def test_a_collective_timeout_the_user_set_is_kept_and_not_checked():
     cluster = et.MultiprocessCluster(num_processes=3, collective_timeout_s=7)
-    assert cluster.collective_timeout_s == 7 and cluster._step_times is None
+    assert cluster.collective_timeout_s == 7 and cluster._timeout_check is None

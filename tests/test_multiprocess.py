@@ -80,6 +80,32 @@ def test_scale_down_survives_a_stuck_process_and_a_kill_between_agreement_and_sa
         assert_same_arrays(on_disk[step], expected[step], f"the checkpoint of step {step}")
 
 
+def test_scale_down_drops_a_slow_process_found_a_straggler_and_goes_on_without_it(run_dir, tmp_path_factory):
+    """Process 1 of 2 slowed 3 times from step 2 (it really takes that long, after its part of each step): found a
+    straggler from the times the processes exchange, within trainer.straggler_steps steps; scale_down drops it at
+    that step boundary once the save under way has committed, its process leaves the job, and process 0 goes on
+    alone, with every checkpoint the failure-free run's."""
+    result = run_cli(*CLI_TINY, *processes(2), "trainer.straggler_steps=3", "+strategy=scale_down",
+                     "strategy.drop_stragglers=true", "+chaos=schedule", "chaos.failures=[{at_step: 1, slice: 1, slow: 3}]",
+                     f"hydra.run.dir={run_dir}")
+    assert result.returncode == 0, result.stderr
+    report = report_of(run_dir)
+    assert report["steps_completed"] == 12 and [f for f in report["failures"] if f["slices"]] == []
+    [straggler] = report["stragglers"]
+    assert (straggler["slice"], straggler["slow_since_step"], straggler["detected_at_step"]) == (1, 2, 4)
+    assert straggler["ratio"] > 2 and straggler["recovered_at_step"] is None
+    assert [(r["step"], r["reason"], r["slices"]) for r in report["resizes"]] == [(4, "dropped", [0])]
+    assert report["samples"] == {"consumed": 12 * 48, "duplicated": 0, "skipped": 0}
+    (attempt,) = report["process_exits"]
+    assert attempt["exit_codes"] == [0, -signal.SIGKILL]  # it left as a lost slice's live processes leave
+    events = [json.loads(line)["event"] for line in (run_dir / "events.jsonl").read_text().splitlines()]
+    assert events.index("straggler") < events.index("resize")
+    on_disk, expected = saved_states(run_dir / "checkpoints"), saved_states(cli_reference(processes(2), tmp_path_factory))
+    assert set(on_disk) == {3, 6, 9, 12}  # step 3's by both processes, the later ones by process 0 alone
+    for step in on_disk:
+        assert_same_arrays(on_disk[step], expected[step], f"the checkpoint of step {step}")
+
+
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGKILL])
 def test_a_launcher_ended_by_a_signal_takes_every_worker_with_it(run_dir, signum):
     command = [sys.executable, "-m", "elastic_trainer", *TINY, "cluster=multiprocess", "trainer.steps=1000",

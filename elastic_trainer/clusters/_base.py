@@ -54,6 +54,25 @@ class AbstractCluster(abc.ABC):
     def step_dispatched(self) -> None:
         """Called on the training thread each time a step has been dispatched; by default nothing."""
 
+    def slice_step_seconds(self) -> dict[int, float]:
+        """Each slice's own time in the latest step that passed :meth:`check_step`, by slice: from its dispatch
+        until it was done, without the time it waited for the other slices.
+
+        Every process must get the same times (stragglers are found from
+        them, the same everywhere). Empty (the default) when the runtime
+        cannot tell the slices apart: one program over every slice ends on
+        every slice at once.
+        """
+        return {}
+
+    def release(self, slices: Sequence[int]) -> None:
+        """``slices``, healthy, are no longer used (a strategy dropped them at a step boundary).
+
+        By default they stay, idle, and may be used again. A runtime where a
+        process outside the mesh cannot stay in the job has their processes
+        leave it.
+        """
+
     def explain_failure(
         self, error: Exception, slices: Sequence[int], *, since: tuple[int, ...], pending: PyTree
     ) -> None:
@@ -94,3 +113,7 @@ class AbstractInjectableCluster(AbstractCluster):
     @abc.abstractmethod
     def hang_slice(self, index: int, *, down_for_s: float) -> None:
         """Hang slice ``index`` now: a step that uses it does not finish for ``down_for_s`` seconds."""
+
+    @abc.abstractmethod
+    def slow_slice(self, index: int, *, factor: float, for_s: float) -> None:
+        """Slow slice ``index`` down now: for ``for_s`` seconds its steps take ``factor`` times as long."""

@@ -31,6 +31,9 @@ DEFAULT_HEARTBEAT_TIMEOUT_S = 2
 collectives timed out (2 s): with 3 s it waited up to 1.1 s more (detection 2.2 to 3.2 s, tiny model, 3 processes),
 with 2 s it did not (2.2 to 2.3 s). JAX's own default, 100 s, is for hosts that reboot."""
 
+KEY_PREFIX = "elastic_trainer/"
+"""Where the training processes keep their notes in the coordination service's key-value store."""
+
 SHUTDOWN_TIMEOUT_S = 10
 """How long the service waits at the end for its clients to say goodbye: the dead never do."""
 

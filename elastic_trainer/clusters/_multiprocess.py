@@ -3,15 +3,12 @@
 from __future__ import annotations
 
 import atexit
-import math
 import os
 import signal
 import socket
-import statistics
 import sys
 import threading
 import time
-import warnings
 from collections.abc import Sequence
 
 import jax
@@ -22,8 +19,10 @@ from jaxtyping import PyTree
 
 from ._base import AbstractInjectableCluster
 from .._failures import ConfigError, SliceLostError, StepTimeoutError
-from ._coordinator import DEFAULT_HEARTBEAT_TIMEOUT_S, join_job
+from ._coordinator import DEFAULT_HEARTBEAT_TIMEOUT_S, KEY_PREFIX, join_job
 from ._group_barrier import bound_orbax_barriers, coordination_client
+from ._process_injection import ProcessFailureInjection, say_down
+from ._step_times import OwnStepTimes, TimeoutCheck
 from ..config._settings import check_multiprocess_settings
 
 PROCESS_ID_ENV = "ELASTIC_TRAINER_PROCESS_ID"
@@ -36,14 +35,6 @@ to have reached that step; one that has not is dead or stuck before the step's c
 AUTO_COLLECTIVE_TIMEOUT_S = 2
 """The collective timeout when ``cluster.collective_timeout_s`` is unset: every step starts with the processes
 met (its end's agreement), so a collective waits only for what a peer does between that and the collective."""
-
-STEP_TIME_MARGIN = 4
-"""A collective timeout under this many median step times may end a failure-free step (a peer only slow):
-a collective waits for the part of a step a peer has not done yet (measured: 2 s and 0.25-0.3 s steps, 3
-processes on 2 cores with another job running, no collective timed out in 300 steps)."""
-
-_KEY = "elastic_trainer/"
-
 
 def _wait_quietly(arrays: PyTree) -> None:
     """Wait until ``arrays`` are computed or their computation failed."""
@@ -77,7 +68,7 @@ def _dead_here(client, process: int) -> bool:
 
 def _kill_if_stuck(client, process: int) -> None:
     """SIGKILL ``process`` if it lives on this host and is not dead already, and note that it was stuck."""
-    host, pid = client.blocking_key_value_get(f"{_KEY}pid/{process}", 1000).split()
+    host, pid = client.blocking_key_value_get(f"{KEY_PREFIX}pid/{process}", 1000).split()
     if host != socket.gethostname():
         print(f"elastic_trainer: process {process} on {host} did not reach the step; waiting until it is "
               "known dead (a stuck process on another host must be killed by the scheduler)", file=sys.stderr)
@@ -86,7 +77,7 @@ def _kill_if_stuck(client, process: int) -> None:
         return  # dead already, not stuck
     try:
         os.kill(int(pid), signal.SIGKILL)
-        client.key_value_set(f"{_KEY}stuck/{process}", "killed", allow_overwrite=True)
+        client.key_value_set(f"{KEY_PREFIX}stuck/{process}", "killed", allow_overwrite=True)
     except ProcessLookupError:
         pass  # died meanwhile, not stuck
 
@@ -94,14 +85,9 @@ def _kill_if_stuck(client, process: int) -> None:
 def _noted(client, key: str) -> str | None:
     """The value of ``key`` in the coordination service's key-value store, ``None`` if it is not there."""
     try:
-        return client.key_value_try_get(f"{_KEY}{key}")
+        return client.key_value_try_get(f"{KEY_PREFIX}{key}")
     except Exception:  # noqa: BLE001 - the runtime raises a plain error for a missing key
         return None
-
-
-def _say_down(client) -> None:
-    """Note when this process goes down (failure injection, or its slice was lost), for the others' records."""
-    client.key_value_set(f"{_KEY}down/{jax.process_index()}", repr(time.time()))
 
 
 def _configure_runtime(
@@ -119,35 +105,7 @@ def _configure_runtime(
     bound_orbax_barriers(barrier_timeout_s)
 
 
-class _StepTimes:
-    """The time between a process's step dispatches, checked once against the collective timeout chosen for it.
-
-    :param timeout_s: the collective timeout in force.
-    :param steps: how many steps are timed before the check (the first, which compiles, is left out).
-    """
-
-    def __init__(self, timeout_s: int, steps: int = 20):
-        self.timeout_s = timeout_s
-        self.steps = steps
-        self._dispatches: list[float] = []
-
-    def dispatched(self) -> None:
-        """Note a dispatch; after :attr:`steps` of them, warn if the median step needs a longer timeout."""
-        if len(self._dispatches) > self.steps:
-            return
-        self._dispatches.append(time.monotonic())
-        if len(self._dispatches) > self.steps:
-            step_s = statistics.median(b - a for a, b in zip(self._dispatches[1:], self._dispatches[2:]))
-            if STEP_TIME_MARGIN * step_s > self.timeout_s:
-                warnings.warn(
-                    f"a step takes {step_s:.2f} s, and the collective timeout chosen before it could be measured "
-                    f"({self.timeout_s} s) is under {STEP_TIME_MARGIN} steps: a peer only slow may fail a step; set "
-                    f"cluster.collective_timeout_s={math.ceil(STEP_TIME_MARGIN * step_s)} or more.",
-                    stacklevel=2,
-                )
-
-
-class MultiprocessCluster(AbstractInjectableCluster):
+class MultiprocessCluster(ProcessFailureInjection, AbstractInjectableCluster):
     """Slices made of processes of a multi-controller JAX job (``jax.distributed``).
 
     Every process runs the same training loop on its own devices; a slice is
@@ -217,7 +175,7 @@ class MultiprocessCluster(AbstractInjectableCluster):
         self.processes_per_slice = processes_per_slice
         self.heartbeat_timeout_s = heartbeat_timeout_s
         self.collective_timeout_s = collective_timeout_s or AUTO_COLLECTIVE_TIMEOUT_S
-        self._step_times = None if collective_timeout_s else _StepTimes(self.collective_timeout_s)
+        self._timeout_check = None if collective_timeout_s else TimeoutCheck(self.collective_timeout_s)
         self.initialization_timeout_s = initialization_timeout_s
         self.barrier_timeout_s = barrier_timeout_s
         self.platform = platform
@@ -229,6 +187,8 @@ class MultiprocessCluster(AbstractInjectableCluster):
         self._failures = [0] * self.slices
         self._lost_at: dict[int, float | None] = {}  # dead process -> when it went down, if it said so
         self._dispatched = 0  # steps dispatched by this process
+        self._own_times = OwnStepTimes(self._client, KEY_PREFIX, jax.process_index)
+        self._step_seconds: dict[int, float] = {}
 
     # ------------------------------------------------------------------ start-up
 
@@ -258,7 +218,7 @@ class MultiprocessCluster(AbstractInjectableCluster):
                 f"cluster.devices_per_process is {self.devices_per_process} but this process has {local} devices; "
                 "set it to match, or to null to take the platform's devices."
             )
-        self._client().key_value_set(f"{_KEY}pid/{jax.process_index()}", f"{socket.gethostname()} {os.getpid()}")
+        self._client().key_value_set(f"{KEY_PREFIX}pid/{jax.process_index()}", f"{socket.gethostname()} {os.getpid()}")
         atexit.register(self._leave)  # runs before JAX's own exit handler, which shuts the client down
 
     def _leave(self) -> None:
@@ -274,7 +234,7 @@ class MultiprocessCluster(AbstractInjectableCluster):
             return
         live = sorted(self._live)
         try:
-            client.wait_at_barrier(f"{_KEY}leave", 1000 * (10 + 2 * self.heartbeat_timeout_s), process_ids=live)
+            client.wait_at_barrier(f"{KEY_PREFIX}leave", 1000 * (10 + 2 * self.heartbeat_timeout_s), process_ids=live)
             if jax.process_index() == live[0]:
                 client.get_live_nodes(live)  # returns once the others have shut down
         except Exception as error:  # noqa: BLE001 - a process lost at the very end: leave anyway
@@ -316,8 +276,14 @@ class MultiprocessCluster(AbstractInjectableCluster):
         return frozenset(p for s in self.healthy_slices() for p in self.processes_of(s))
 
     def check_step(self, slices: Sequence[int], *, since: tuple[int, ...]) -> None:
-        """Agree with the other live processes on who lives (a barrier); raise ``DATA_LOSS`` for slices lost."""
+        """Agree with the other live processes on who lives (a barrier); raise ``DATA_LOSS`` for slices lost.
+
+        The step's own time of each process is exchanged at the same barrier (:meth:`slice_step_seconds`).
+        """
+        timed = self._own_times.note(self._dispatched)
         self._agree_on_live_processes()
+        live = [(s, self.processes_of(s)) for s in self.healthy_slices()]
+        self._step_seconds = self._own_times.read(self._dispatched, live) if timed else {}
         healthy = set(self.healthy_slices())
         lost = [s for s in slices if s not in healthy or self._failures[s] != since[s]]
         if lost:
@@ -352,6 +318,7 @@ class MultiprocessCluster(AbstractInjectableCluster):
         given up (``collective_timeout_s``): until then they hold this
         process's devices, and a new step would queue behind them.
         """
+        self._own_times.forget()
         draining = threading.Thread(target=_wait_quietly, args=(pending,), name="et-drain", daemon=True)
         draining.start()
         self._kill_stuck_processes()
@@ -368,7 +335,7 @@ class MultiprocessCluster(AbstractInjectableCluster):
 
     def _agree_on_live_processes(self) -> None:
         """Wait for every live process here (``live_devices``' barrier); note who died since last time."""
-        devices = [d for group in self.slice_devices() for d in group]
+        devices = [d for group in self.slice_devices() for d in group if d.process_index in self._live]
         try:
             with live_devices(devices):
                 pass
@@ -384,9 +351,21 @@ class MultiprocessCluster(AbstractInjectableCluster):
     def step_dispatched(self) -> None:
         """Note in the key-value store that this process reached its latest step's collectives."""
         self._dispatched += 1
-        if self._step_times is not None:
-            self._step_times.dispatched()
-        self._client().key_value_set(f"{_KEY}dispatched/{jax.process_index()}", str(self._dispatched), allow_overwrite=True)
+        self._own_times.dispatched()
+        if self._timeout_check is not None:
+            self._timeout_check.dispatched()
+        self._client().key_value_set(f"{KEY_PREFIX}dispatched/{jax.process_index()}", str(self._dispatched), allow_overwrite=True)
+
+    def slice_step_seconds(self) -> dict[int, float]:
+        """Each slice's own time in the latest step: from a process's dispatch until it reached the step's end
+        (the barrier where the processes agree), the slowest of the slice's processes.
+
+        A process that is slow before the step's collectives (its devices,
+        or its host before the dispatch) makes every process wait inside the
+        step alike, and is not told apart; one slow after them is (a slice
+        slowed by failure injection is slow there).
+        """
+        return dict(self._step_seconds)
 
     def _kill_stuck_processes(self) -> None:
         """Kill the live processes that never reached the failed step's collectives: they are stuck.
@@ -401,48 +380,21 @@ class MultiprocessCluster(AbstractInjectableCluster):
         for process in _processes_behind(client, self._live - {jax.process_index()}, self._dispatched):
             _kill_if_stuck(client, process)
 
-    # ------------------------------------------------------------------ failure injection
-
-    def fail_slice(self, index: int, *, down_for_s: float) -> None:
-        """Lose slice ``index``: its processes SIGKILL themselves (every process calls this; the others go on).
-
-        ``down_for_s`` is not used: the launcher starts replacements only when the whole group is re-formed.
-        """
-        self._check_index(index)
-        if jax.process_index() in self.processes_of(index):
-            _say_down(self._client())
-            os.kill(os.getpid(), signal.SIGKILL)
-
-    def fail_process(self, index: int, position: int) -> None:
-        """Kill one process of slice ``index``, the one at ``position`` in it; the others of the slice then
-        leave the job (a slice goes down whole) and the rest go on."""
-        self._check_index(index)
-        if not 0 <= position < self.processes_per_slice:
-            raise ConfigError(f"slice {index} has processes at positions 0 to {self.processes_per_slice - 1}, "
-                              f"not {position}; cluster.processes_per_slice is {self.processes_per_slice}.")
-        if jax.process_index() == self.processes_of(index)[position]:
-            _say_down(self._client())
-            os.kill(os.getpid(), signal.SIGKILL)
+    # ------------------------------------------------------------------ leaving
 
     def _leave_with_lost_slice(self, message: str) -> None:
         """This process lives but its slice is lost: go too (SIGKILL, as the slice's dead process went), saying why."""
-        _say_down(self._client())
+        say_down(self._client())
         print(f"elastic_trainer: process {jax.process_index()} leaves the job: {message}", file=sys.stderr, flush=True)
         os.kill(os.getpid(), signal.SIGKILL)
 
-    def hang_slice(self, index: int, *, down_for_s: float) -> None:
-        """Hang slice ``index``: its processes sleep ``down_for_s`` before their next step's collectives."""
-        self._check_index(index)
-        if jax.process_index() in self.processes_of(index):
-            _say_down(self._client())
-            time.sleep(down_for_s)
-
-    def _check_index(self, index: int) -> None:
-        if not 0 <= index < self.slices:
-            raise ConfigError(f"slice {index} does not exist; the cluster has slices 0 to {self.slices - 1}.")
-        if index in self.spared_slices:
-            raise ConfigError(
-                f"slice {index} holds process 0, which hosts JAX's coordination service with "
-                "cluster.coordinator=process0: losing it ends every process (JAX's own limit), so failure injection "
-                "spares it; choose another slice, or set cluster.coordinator=separate."
-            )
+    def release(self, slices: Sequence[int]) -> None:
+        """``slices`` are no longer used: their processes leave the job (a process outside every mesh cannot stay
+        in it: it could not rejoin, docs/multiprocess.md) as a lost slice's live processes do; the others stop
+        waiting for them at once."""
+        leaving = {p for s in slices for p in self.processes_of(s)} & self._live
+        if jax.process_index() in leaving:
+            self._leave_with_lost_slice(f"slice(s) {sorted(slices)} were dropped by the strategy")
+        self._live -= leaving
+        for s in slices:
+            self._failures[s] += 1

@@ -26,7 +26,10 @@ class SimulatedCluster(AbstractInjectableCluster):
     largest integer), and health checks report it down until its down time
     has passed. A slice hung with :meth:`hang_slice` is down too, but a step
     that uses it does not finish until the slice is back: only the trainer's
-    watchdog ends the wait.
+    watchdog ends the wait. A slice slowed with :meth:`slow_slice` makes
+    every step that uses it take ``factor`` times as long (the step's end
+    waits for it, slept here), and is the one whose own step time
+    (:meth:`slice_step_seconds`) is ``factor`` times the others'.
     """
 
     kind = "simulated"
@@ -38,6 +41,9 @@ class SimulatedCluster(AbstractInjectableCluster):
         self._down_until = [0.0] * slices
         self._failures = [0] * slices
         self._hung: set[int] = set()
+        self._slow: dict[int, tuple[float, float]] = {}  # slice -> (factor, until when)
+        self._dispatched_at: float | None = None
+        self._step_seconds: dict[int, float] = {}
 
     @property
     def num_devices(self) -> int:
@@ -72,8 +78,7 @@ class SimulatedCluster(AbstractInjectableCluster):
 
     def fail_slice(self, index: int, *, down_for_s: float) -> None:
         """Lose slice ``index`` now; it comes back after ``down_for_s`` seconds."""
-        if not 0 <= index < self.slices:
-            raise ConfigError(f"slice {index} does not exist; the cluster has slices 0 to {self.slices - 1}.")
+        self._check_index(index)
         self._down_until[index] = time.monotonic() + down_for_s
         self._failures[index] += 1
 
@@ -81,6 +86,15 @@ class SimulatedCluster(AbstractInjectableCluster):
         """Hang slice ``index`` now: a step using it does not finish until it comes back."""
         self.fail_slice(index, down_for_s=down_for_s)
         self._hung.add(index)
+
+    def slow_slice(self, index: int, *, factor: float, for_s: float) -> None:
+        """Slow slice ``index`` down: for ``for_s`` seconds a step that uses it takes ``factor`` times as long."""
+        self._check_index(index)
+        self._slow[index] = (factor, time.monotonic() + for_s)
+
+    def _check_index(self, index: int) -> None:
+        if not 0 <= index < self.slices:
+            raise ConfigError(f"slice {index} does not exist; the cluster has slices 0 to {self.slices - 1}.")
 
     def healthy_slices(self) -> list[int]:
         now = time.monotonic()
@@ -95,7 +109,27 @@ class SimulatedCluster(AbstractInjectableCluster):
         healthy = set(self.healthy_slices())
         lost = [s for s in slices if s not in healthy or self._failures[s] != since[s]]
         if lost:
+            self._dispatched_at = None
             raise SliceLostError(f"DATA_LOSS: simulated slice(s) {lost} lost during the step", slices=lost)
+        self._step_seconds = self._time_slices(slices)
+
+    def step_dispatched(self) -> None:
+        self._dispatched_at = time.monotonic()
+
+    def slice_step_seconds(self) -> dict[int, float]:
+        return dict(self._step_seconds)
+
+    def _time_slices(self, slices: Sequence[int]) -> dict[int, float]:
+        """The own time of each of ``slices`` in the step dispatched last, once the slow ones are done too:
+        the step's time so far, ``factor`` times that for a slow slice (the rest of its time is slept here)."""
+        if self._dispatched_at is None:
+            return {}  # no step since the last check (the processes meeting at start-up)
+        took, now = time.monotonic() - self._dispatched_at, time.monotonic()
+        self._dispatched_at = None
+        factors = {s: factor for s, (factor, until) in self._slow.items() if s in slices and until > now}
+        if factors:
+            time.sleep((max(factors.values()) - 1) * took)
+        return {s: took * factors.get(s, 1.0) for s in slices}
 
     def surviving(self, tree: PyTree, lost_slices: Sequence[int]) -> PyTree:
         all_slices = self.slice_devices()

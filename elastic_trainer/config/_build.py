@@ -13,6 +13,7 @@ from omegaconf import DictConfig
 
 from .._checkpoint import Checkpointer
 from .._failures import ConfigError
+from .._stragglers import StragglerRule
 from .._trainer import Trainer
 from ._schemas import check_config
 
@@ -47,6 +48,7 @@ def build_trainer(
         step_timeout_s=cfg.trainer.step_timeout_s,
         preemption_signal=cfg.trainer.preemption_signal,
         max_cached_layouts=cfg.trainer.max_cached_layouts,
+        straggler_rule=StragglerRule(cfg.trainer.straggler_factor, cfg.trainer.straggler_steps),
         strategy=strategy if strategy is not None else build_strategy(cfg),
         plugins=[_instantiate(cfg, group) for group in ("chaos", "logger") if cfg[group] is not None],
         seed=cfg.seed,

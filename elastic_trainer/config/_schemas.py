@@ -25,6 +25,7 @@ from .._data import StdlibText
 from .._failures import ConfigError, check_at_least
 from .._models import Transformer
 from .._preemption import stop_signals
+from .._stragglers import StragglerRule
 from .._trainer import Trainer
 from ..clusters._multiprocess import MultiprocessCluster
 from ..clusters._pathways import PathwaysCluster, load_health_checker
@@ -64,8 +65,11 @@ class TrainerConfig:
     compilation_cache_dir: str | None = DEFAULT_COMPILATION_CACHE_DIR
     preemption_signal: str | None = default_of(Trainer, "preemption_signal")
     max_cached_layouts: int = default_of(Trainer, "max_cached_layouts")
+    straggler_factor: float = StragglerRule.factor
+    straggler_steps: int = StragglerRule.steps
 
     def __post_init__(self):
+        StragglerRule(self.straggler_factor, self.straggler_steps)  # checks them
         check_trainer_settings(
             steps=self.steps,
             global_batch_size=self.global_batch_size,
