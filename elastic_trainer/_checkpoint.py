@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
-from collections.abc import Collection
+from collections.abc import Collection, Iterator
 from pathlib import Path
 from typing import Any, Literal
 
@@ -24,6 +25,38 @@ from .config._settings import check_checkpoint_settings
 
 FIRST_SAVE_TIMEOUT_S = 300
 """How long every process waits for the others to be ready for the job's first save (some may still be compiling)."""
+
+
+def orbax_manager(
+    directory: Path, *, max_to_keep: int, async_save: bool, active_processes: set[int] | None,
+    barrier: GroupBarrier | None,
+) -> ocp.CheckpointManager:
+    """An Orbax manager of ``directory`` whose saves synchronize ``active_processes`` (``None``: every process
+    of the job, with Orbax's own barriers).
+
+    ``barrier`` (with several processes) ends each asynchronous save instead of Orbax's own.
+    """
+    multiprocessing = ocp.options.MultiprocessingOptions()
+    if active_processes is not None:
+        multiprocessing = ocp.options.MultiprocessingOptions(
+            primary_host=min(active_processes),
+            active_processes=set(active_processes),
+            barrier_sync_key_prefix=barrier.name if barrier is not None else None,
+        )
+    return ocp.CheckpointManager(
+        directory,
+        options=ocp.CheckpointManagerOptions(
+            max_to_keep=max_to_keep,
+            enable_async_checkpointing=async_save,
+            create=active_processes is None,  # Orbax refuses to create it for a group; it exists by now
+            multiprocessing_options=multiprocessing,
+            async_options=None if barrier is None else ocp.options.AsyncOptions(barrier_sync_fn=barrier),
+        ),
+        item_handlers={
+            "state": state_handler(multiprocessing),
+            "metadata": ocp.JsonCheckpointHandler(multiprocessing_options=multiprocessing),
+        },
+    )
 
 
 class Checkpointer:
@@ -96,7 +129,7 @@ class Checkpointer:
         self.processes = frozenset(range(jax.process_count()))
         """The processes that save together: every process of the job, until :meth:`regroup`."""
         self._barrier = self._group_barrier(self.processes)
-        self.manager = self._new_manager(active_processes=None, barrier=self._barrier)
+        self.manager = self._manager(active_processes=None, barrier=self._barrier)
         if self._barrier is not None:
             self._compile_orbax_barrier()
         log_closed_loop_noise()
@@ -113,34 +146,10 @@ class Checkpointer:
         self._barrier(key="orbax-barrier", timeout_ms=FIRST_SAVE_TIMEOUT_S * 1000)
         multihost_utils.sync_global_devices("elastic_trainer/checkpointer")
 
-    def _new_manager(
-        self, *, active_processes: set[int] | None, barrier: GroupBarrier | None
-    ) -> ocp.CheckpointManager:
-        """An Orbax manager whose saves synchronize ``active_processes`` (``None``: every process of the job).
-
-        ``barrier`` (with several processes) ends each asynchronous save instead of Orbax's own.
-        """
-        multiprocessing = ocp.options.MultiprocessingOptions()
-        if active_processes is not None:
-            multiprocessing = ocp.options.MultiprocessingOptions(
-                primary_host=min(active_processes),
-                active_processes=set(active_processes),
-                barrier_sync_key_prefix=barrier.name if barrier is not None else None,
-            )
-        return ocp.CheckpointManager(
-            self.directory,
-            options=ocp.CheckpointManagerOptions(
-                max_to_keep=self._max_to_keep,
-                enable_async_checkpointing=self._async_save,
-                create=active_processes is None,  # Orbax refuses to create it for a group; it exists by now
-                multiprocessing_options=multiprocessing,
-                async_options=None if barrier is None else ocp.options.AsyncOptions(barrier_sync_fn=barrier),
-            ),
-            item_handlers={
-                "state": state_handler(multiprocessing),
-                "metadata": ocp.JsonCheckpointHandler(multiprocessing_options=multiprocessing),
-            },
-        )
+    def _manager(self, *, active_processes: set[int] | None, barrier: GroupBarrier | None) -> ocp.CheckpointManager:
+        """:func:`orbax_manager` of this checkpointer's directory and options."""
+        return orbax_manager(self.directory, max_to_keep=self._max_to_keep, async_save=self._async_save,
+                             active_processes=active_processes, barrier=barrier)
 
     def _group_barrier(self, processes: frozenset[int]) -> GroupBarrier | None:
         """A barrier over ``processes``, named anew for each group (Orbax's barrier names repeat at every
@@ -182,7 +191,7 @@ class Checkpointer:
             barrier(key="regrouped", timeout_ms=ocp.multihost.coordination_timeout() * 1000)
         self.processes, self._barrier = processes, barrier
         if self._saves_here():
-            self.manager = self._new_manager(active_processes=set(processes), barrier=barrier)
+            self.manager = self._manager(active_processes=set(processes), barrier=barrier)
 
     def _saves_here(self) -> bool:
         """Whether this process takes part in saves (it is in the group)."""
@@ -295,9 +304,34 @@ class Checkpointer:
         compile_checksums(like)  # before Orbax's closing barrier, so that the processes verify together
         abstract = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=a.sharding), like)
         state = ocp.args.PyTreeRestore(abstract, restore_args=ocp.checkpoint_utils.construct_restore_args(abstract))
-        restored = self.manager.restore(step, args=ocp.args.Composite(state=state, metadata=ocp.args.JsonRestore()))
+        with self._restoring_manager() as manager:
+            restored = manager.restore(step, args=ocp.args.Composite(state=state, metadata=ocp.args.JsonRestore()))
         verify_checksums(restored.state, restored.metadata.get(CHECKSUMS_KEY))
         return restored.state, restored.metadata
+
+    @contextlib.contextmanager
+    def _restoring_manager(self) -> Iterator[ocp.CheckpointManager]:
+        """The manager a restore goes through: :attr:`manager`, except over every process of a job.
+
+        There Orbax's barriers are all-gathers (``sync_global_devices``), and
+        the one that closes a restore is reached by each process once it has
+        read its shards: one that read later than the collective timeout
+        failed it (measured: 3 of 5 restores of a re-formed group of 3
+        processes failed, "Gloo AllGather failed: Timed out waiting 2000ms",
+        and every checkpoint looked unreadable). A restore goes through a
+        manager of the same processes whose barriers meet in the coordination
+        service instead, bounded by ``cluster.barrier_timeout_s``. Saves keep
+        the all-gather: the processes meet before it, and it fails at once
+        when a process dies during the save.
+        """
+        if self._barrier is None or self._groups:  # one process, or a group: barriers in the service already
+            yield self.manager
+            return
+        manager = self._manager(active_processes=set(self.processes), barrier=self._barrier)
+        try:
+            yield manager
+        finally:
+            manager.close()
 
     @property
     def saving(self) -> bool:

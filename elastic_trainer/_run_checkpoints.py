@@ -30,6 +30,12 @@ def refuse_to_overwrite(checkpointer: Checkpointer) -> None:
         )
 
 
+def _first_line(error: BaseException) -> str:
+    """``error`` in a few words: its type and the first line of its message (a runtime's runs over many)."""
+    lines = str(error).strip().splitlines()
+    return f"{type(error).__name__}: {lines[0][:200]}" if lines else type(error).__name__
+
+
 class NoReadableCheckpoint(Exception):
     """No checkpoint of the directory could be read; ``unreadable`` names those skipped, in words."""
 
@@ -225,7 +231,7 @@ class RunCheckpoints:
             except Exception as error:  # noqa: BLE001 - a truncated or corrupt checkpoint: try the one before
                 self._cluster.check_step(slices, since=since)  # unless a slice lost meanwhile explains it
                 self.checkpointer.mark_unreadable(step)
-                skipped.append((step, str(error) if isinstance(error, ChecksumMismatch) else type(error).__name__))
+                skipped.append((step, str(error) if isinstance(error, ChecksumMismatch) else _first_line(error)))
                 continue
             self._check_same_data(step, metadata)
             jax.block_until_ready(arrays)

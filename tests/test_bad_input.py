@@ -429,9 +429,10 @@ def test_checkpoints_with_corrupt_metadata_are_refused_and_left_alone(checkpoint
     before = checksums(checkpoints)
     if which == "ours":  # one case through the command line; the other in this process
         result = resume_cli(checkpoints, tmp_path / "run")
+        why = "JSONDecodeError: Expecting property name enclosed in double quotes: line 1 column 3 (char 2)"
         assert_fails_with(result, f"checkpoint.resume is set but {checkpoints} holds no complete, readable "
-                                  "checkpoint (unreadable: step 12 (JSONDecodeError), step 8 (JSONDecodeError), "
-                                  "step 4 (JSONDecodeError)); point checkpoint.dir at a run's checkpoints")
+                                  f"checkpoint (unreadable: step 12 ({why}), step 8 ({why}), step 4 ({why})); "
+                                  "point checkpoint.dir at a run's checkpoints")
     else:
         trainer = build_trainer(compose_config(*LONGER, f"checkpoint.dir={checkpoints}", "checkpoint.resume=true"))
         with pytest.raises(et.ConfigError) as error:
@@ -466,8 +467,9 @@ def test_corrupt_metadata_in_the_newest_checkpoint_only_resumes_from_the_one_bef
         state, report = trainer.fit()  # trains steps 9 to 16, saving 12 and 16 on the way
     trainer.checkpointer.close()
     messages = [str(w.message) for w in warned]
-    assert messages[0] == (f"the checkpoint of step 12 in {checkpoints} is unreadable (JSONDecodeError); "
-                           "skipping it for the one before.")
+    assert messages[0] == (f"the checkpoint of step 12 in {checkpoints} is unreadable (JSONDecodeError: Expecting "
+                           "property name enclosed in double quotes: line 1 column 3 (char 2)); skipping it for the "
+                           "one before.")
     assert messages[1] == (f"the unreadable checkpoint of step 12 was moved aside to {checkpoints}/12.unreadable, "
                            "untouched, to save step 12 anew.")
     assert report["resumed_from"] == 8 and int(state.step) == 16
