@@ -36,6 +36,7 @@ AUTO_COLLECTIVE_TIMEOUT_S = 2
 """The collective timeout when ``cluster.collective_timeout_s`` is unset: every step starts with the processes
 met (its end's agreement), so a collective waits only for what a peer does between that and the collective."""
 
+
 def _wait_quietly(arrays: PyTree) -> None:
     """Wait until ``arrays`` are computed or their computation failed."""
     try:
