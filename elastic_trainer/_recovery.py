@@ -229,6 +229,7 @@ def survive(ctx: TrainingContext, error: Exception, state: LoopState, *, phase: 
     del error  # a failed attempt's traceback holds this frame: kept, it would hold the failed arrays in a cycle
     if not state.whole:  # nothing was trained here yet (a resume): the run's samples count from the state restored
         ctx.history.start_at(recovered.position)
+        ctx.history.resumed_from = recovered.step
     roll_back(ctx, recovered.step)
     return recovered
 

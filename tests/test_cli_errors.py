@@ -36,7 +36,7 @@ def test_a_search_path_on_the_command_line_keeps_every_error_one_sentence(search
 @pytest.mark.parametrize(("case", "message"), [
     (["+chaos=schedule", "chaos.failures=[{at_stpe: 3, slice: 1}]"],
      "a chaos.failures entry has no key 'at_stpe' (did you mean at_step?); its keys are: at_step, slice, phase, "
-     "down_for_s, hang, process."),
+     "down_for_s, hang, process, slow."),
     (["trainer.global_batch_size=40", "+strategy=scale_down"],
      "trainer.global_batch_size (40) must be divisible by the 6 devices of 3 slices, and by every device count "
      "scale_down may scale to (strategy.min_slice_count=1 to 4 slices); choose a multiple of 24, raise "

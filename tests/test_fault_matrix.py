@@ -179,9 +179,15 @@ def failure_free(tiny_trainer_kwargs, tmp_path_factory) -> FailureFree:
 
 def interrupted_run(failure_free: FailureFree, checkpoints: Path, *, at_step: int) -> None:
     """Put the checkpoints of a run interrupted after step ``at_step`` into ``checkpoints``."""
-    later = {str(step) for step in failure_free.states if step > at_step}
-    shutil.copytree(failure_free.checkpoints, checkpoints,
-                    ignore=lambda d, names: [n for n in names if n in later] if Path(d) == failure_free.checkpoints else [])
+    copy_checkpoints(failure_free.checkpoints, checkpoints, up_to=at_step)
+
+
+def copy_checkpoints(source: Path, checkpoints: Path, *, up_to: int, every: int = 1) -> None:
+    """Copy the checkpoints of ``source`` up to step ``up_to``, of every ``every``-th step, into ``checkpoints``:
+    those of an interrupted run that saved every ``every`` steps."""
+    left_out = {str(step) for step in saved_steps(source) if step > up_to or step % every}
+    shutil.copytree(source, checkpoints,
+                    ignore=lambda d, names: [n for n in names if n in left_out] if Path(d) == source else [])
 
 
 # ------------------------------------------------------------------ workers and cells
@@ -368,34 +374,85 @@ def processes(n: int) -> list[str]:
             "cluster.collective_timeout_s=6"]
 
 
+@dataclasses.dataclass(frozen=True)
+class Expected:
+    """What a command-line cell must end with, exactly (counts and order, not timings).
+
+    :param failures: each failure with a lost slice, in order: (phase, slices, restored from, lost steps).
+    :param restores: each restore, in order: (worker, source, step).
+    :param exits: on ``cluster=multiprocess``, every process's exit status, per attempt (-9: killed).
+    :param workers: the workers (attempts) of the run; ``None``: one per entry of ``exits``.
+    :param resumes_from: the cell resumes (``checkpoint.resume=true``) an interrupted run whose checkpoints,
+        those of the failure-free run up to this step, are copied in first.
+    """
+
+    failures: tuple[tuple[str, tuple[int, ...], str, int], ...]
+    restores: tuple[tuple[int, str, int], ...]
+    exits: tuple[tuple[int, ...], ...] | None = None
+    workers: int | None = None
+    resumes_from: int | None = None
+
+
+KILLED = -signal.SIGKILL
+GLOO_ABORT = "gloo::EnforceNotMet"
+"""What gloo prints when it aborts a process from its own thread: seen about once in 20 runs of the recovery
+cell on a loaded machine, a survivor of a kill aborted with "Received data size doesn't match expected size"
+(XLA's gloo collectives carry no tag: gloo_communicator.cc, "TODO(phawkins): how to do tags?"). Python cannot
+catch it, so such a run is not the cell's; the cell runs once more."""
 CLI_CELLS = {  # (strategy, phase, run): (what fails, the cluster's overrides, the chaos schedule, expected)
-    # expected: (workers, the checkpoint steps restored, one per restart). Every failure comes at least two steps
-    # after a save, so that the asynchronous commit of that save has ended and the rows do not depend on timing.
+    # Every failure comes at least two steps after a save, so that the asynchronous commit of that save has
+    # ended and the rows do not depend on timing.
     ("full_restart", "train_step", "CLI"): (
-        "slice 1 lost during step 8", [], "[{at_step: 7, slice: 1}]", (2, [6])),
+        "slice 1 lost during step 8", [], "[{at_step: 7, slice: 1}]",
+        Expected(failures=(("train_step", (1,), "checkpoint", 1),), restores=((1, "checkpoint", 6),), workers=2)),
     ("pause_resume", "train_step", "multiprocess"): (  # synchronous saves: process 0 commits them, and an
         # asynchronous commit still running when it is killed (a loaded machine) would leave no step to restore
         "process 0 of 2 killed during step 6 (synchronous saves)", [*processes(2), "checkpoint.async_save=false"],
-        "[{at_step: 5, slice: 0}]", (2, [3])),
+        "[{at_step: 5, slice: 0}]",
+        Expected(failures=(("train_step", (0,), "checkpoint", 2),), restores=((1, "checkpoint", 3),),
+                 exits=((KILLED, RESTART_EXIT_CODE), (0, 0)))),
     ("scale_down", "two_slices", "multiprocess"): (  # synchronous saves, as above: step 6's commit is process 0's
         "processes 0 and 2 of 3 killed during step 9 (synchronous saves)",
-        [*processes(3), "checkpoint.async_save=false"], "[{at_step: 8, slice: 0}, {at_step: 8, slice: 2}]", (1, [])),
+        [*processes(3), "checkpoint.async_save=false"], "[{at_step: 8, slice: 0}, {at_step: 8, slice: 2}]",
+        Expected(failures=(("train_step", (0, 2), "replica", 0),), restores=((0, "replica", 8),),
+                 exits=((KILLED, 0, KILLED),))),
     ("full_restart", "checkpoint_save", "multiprocess"): (
         "process 1 of 2 killed while step 6 is saved", processes(2), "[{at_step: 6, slice: 1, phase: checkpoint_save}]",
-        (2, [3])),
+        Expected(failures=(("checkpoint_save", (1,), "checkpoint", 3),), restores=((1, "checkpoint", 3),),
+                 exits=((RESTART_EXIT_CODE, KILLED), (0, 0)))),
+    ("scale_down", "checkpoint_restore", "multiprocess"): (  # the survivor restores the checkpoint again, alone
+        "an interrupted run resumed from step 6; process 1 of 2 killed while that checkpoint is read",
+        # the survivor waits at the restore's barrier in the coordination service for the dead process, for
+        # cluster.barrier_timeout_s (docs/multiprocess.md, "Limits"): 10 s here, not the default 30
+        [*processes(2), "checkpoint.resume=true", "cluster.barrier_timeout_s=10"],
+        "[{at_step: 6, slice: 1, phase: checkpoint_restore}]",
+        Expected(failures=(("checkpoint_restore", (1,), "checkpoint", 0),), restores=((0, "checkpoint", 6),),
+                 exits=((0, KILLED),), resumes_from=6)),
+    ("scale_down", "recovery", "multiprocess"): (  # process 2 dies as the strategy is asked about process 1's
+        # failure; the survivor finds it at the restore's agreement and recovers from both, from its own replica.
+        # Synchronous saves: step 3 is committed before the kills, whatever the machine's load
+        "process 1 of 3 killed during step 6, process 2 while recovering (synchronous saves)",
+        [*processes(3), "checkpoint.async_save=false"],
+        "[{at_step: 5, slice: 1}, {at_step: 5, slice: 2, phase: recovery}]",
+        Expected(failures=(("train_step", (1,), "none", 0), ("recovery", (1, 2), "replica", 0)),
+                 restores=((0, "replica", 5),), exits=((0, KILLED, KILLED),))),
 }
 """The cells run through ``python -m elastic_trainer``: with the full_restart supervisor and its worker
 processes (*CLI*), or with ``cluster=multiprocess``, whose launcher runs one JAX process per slice and
-kills the lost ones, process 0 among them (the launcher hosts JAX's coordination service)."""
+kills the lost ones, process 0 among them (the launcher hosts JAX's coordination service). A failure
+interrupted by another (a kill while recovering) is recorded as restored from ``none``, and the next one
+from the first failure's state on, its slices those of both."""
 
-_cli_references: dict[str, Path] = {}
+_cli_references: dict[int, Path] = {}
 
 
-def cli_reference(cluster: list[str], tmp_path_factory) -> Path:
-    """The checkpoints of the same run without failures, trained in this process on a simulated cluster of
-    as many slices and devices (once per cluster); its compiles go into the session's compilation cache."""
+def reference_checkpoints(cluster: list[str], tmp_path_factory) -> Path:
+    """The checkpoints of the same run without failures, trained in this process on a simulated
+    cluster of as many slices and devices as ``cluster``'s overrides give (once per cluster); its compiles go
+    into the session's compilation cache."""
     slices = next((int(o.split("=")[1]) for o in cluster if o.startswith("cluster.num_processes=")), 4)
     if slices not in _cli_references:
+        jax.devices()  # JAX starts with the session's 8 devices, not the first simulated cluster's: all fit
         directory = tmp_path_factory.mktemp(f"failure_free_{slices}_slices") / "checkpoints"
         trainer = build_trainer(compose_config(*CLI_TINY, f"cluster.slices={slices}", f"checkpoint.dir={directory}"))
         trainer.fit()
@@ -404,51 +461,77 @@ def cli_reference(cluster: list[str], tmp_path_factory) -> Path:
     return _cli_references[slices]
 
 
+@pytest.fixture
+def cli_reference(cell, tmp_path_factory) -> Path:
+    """:func:`reference_checkpoints` for ``cell``'s cluster, made in the first such cell's setup."""
+    return reference_checkpoints(CLI_CELLS[cell][1], tmp_path_factory)
+
+
 def processes_of(run_dir: Path) -> list[psutil.Process]:
     """Live processes whose command line names ``run_dir``: workers, launchers and supervisors of that run."""
     return [p for p in psutil.process_iter(["cmdline"]) if str(run_dir) in " ".join(p.info["cmdline"] or [])]
 
 
 @pytest.mark.parametrize("cell", list(CLI_CELLS), ids="-".join)
-def test_cell_through_the_command_line(tmp_path, tmp_path_factory, cell):
+def test_cell_through_the_command_line(tmp_path, cli_reference, cell):
     strategy, phase, _ = cell
-    _, cluster, schedule, (workers, restored) = CLI_CELLS[cell]
-    reference, run_dir = cli_reference(cluster, tmp_path_factory), tmp_path / "run"
-    result = run_cli(*CLI_TINY, *cluster, f"+strategy={strategy}", "+chaos=schedule", f"chaos.failures={schedule}",
-                     f"hydra.run.dir={run_dir}")
-    leftover = processes_of(run_dir)
-    for process in leftover:
-        process.kill()
+    _, cluster, schedule, expected = CLI_CELLS[cell]
+    reference = cli_reference
+    for attempt in range(2):  # once more only if gloo itself aborted a survivor (see GLOO_ABORT)
+        run_dir, initial = tmp_path / f"run{attempt}", []
+        if expected.resumes_from is not None:  # an interrupted run's checkpoints, resumed
+            copy_checkpoints(reference, run_dir / "checkpoints", up_to=expected.resumes_from, every=CLI_PERIOD)
+            initial = saved_steps(run_dir / "checkpoints")
+            assert initial and initial[-1] == expected.resumes_from
+        result = run_cli(*CLI_TINY, *cluster, f"+strategy={strategy}", "+chaos=schedule",
+                         f"chaos.failures={schedule}", f"hydra.run.dir={run_dir}")
+        leftover = processes_of(run_dir)
+        for process in leftover:
+            process.kill()
+        if GLOO_ABORT not in result.stderr:  # every process's standard error is the launcher's
+            break
 
     # finishes, and nothing is left behind
     assert result.returncode == 0, result.stderr
     assert leftover == [], "processes outlived the command"
     report = report_of(run_dir)
     assert report["steps_completed"] == CLI_STEPS and report["stopped"] is None
-    assert report.get("workers", 1) == workers
-    failures = [failure for failure in report["failures"] if failure["slices"]]  # not a retried timeout
-    assert {failure["phase"] for failure in failures} == {PHASES[phase][1][0]["phase"]}
-    # exactly-once data over every worker
-    assert report["samples"] == {"consumed": CLI_STEPS * CLI_BATCH, "duplicated": 0, "skipped": 0}
+    assert report.get("workers", 1) == (expected.workers or len(expected.exits))
+    # every failure that lost a slice (not a retried timeout), in order, and where each was recovered from
+    failures = [failure for failure in report["failures"] if failure["slices"]]
+    said = f"the processes said (stderr): {result.stderr[-4000:]}"  # a process that died unasked says why there
+    assert [(f["phase"], tuple(f["slices"]), f["restored_from"], f["lost_steps"]) for f in failures] \
+        == list(expected.failures), said
+    assert failures[0]["phase"] == PHASES[phase][1][0]["phase"]  # the phase of the row's first failure
+    # exactly-once data over every worker (a resumed run counts from the checkpoint it resumed)
+    consumed = (CLI_STEPS - (expected.resumes_from or 0)) * CLI_BATCH
+    assert report["samples"] == {"consumed": consumed, "duplicated": 0, "skipped": 0}
     assert report["data_position"] == CLI_STEPS * CLI_BATCH
+    if expected.resumes_from is not None:  # a resume whose restore a kill interrupted included
+        assert report["resumed_from"] == expected.resumes_from
     # every checkpoint holds the failure-free state of its step, the final one included
-    on_disk, expected = saved_states(run_dir / "checkpoints"), saved_states(reference)
+    on_disk, reference_states = saved_states(run_dir / "checkpoints"), saved_states(reference)
     assert CLI_STEPS in on_disk, "the final state was not saved"
     for step in on_disk:
-        assert_same_arrays(on_disk[step], expected[step], f"the checkpoint of step {step}")
-    # a checkpoint is restored only after its save completed, in an earlier worker
+        assert_same_arrays(on_disk[step], reference_states[step], f"the checkpoint of step {step}")
+    # every restore, in order; a checkpoint is restored only after its save completed, in an earlier worker
+    # (or in the interrupted run)
     events = [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines()]
     saves = [(e["worker"], e["step"]) for e in events if e["event"] == "checkpoint_save"]
-    restores = [(e["worker"], e["step"]) for e in events if e["event"] == "restore" and e["source"] == "checkpoint"]
-    assert [step for _, step in restores] == restored
-    for worker, step in restores:
-        assert any(w < worker and s == step for w, s in saves), f"worker {worker} restored step {step}, never saved"
+    restores = [(e["worker"], e["source"], e["step"]) for e in events if e["event"] == "restore"]
+    assert restores == list(expected.restores), said
+    for worker, source, step in restores:
+        if source == "checkpoint":
+            assert step in initial or any(w < worker and s == step for w, s in saves), \
+                f"worker {worker} restored step {step}, never saved"
     exits = "(the command)"
     if "process_exits" in report:  # multiprocess: a lost process is killed, the others end or ask for a restart
-        codes = [attempt["exit_codes"] for attempt in report["process_exits"]]
-        assert all(set(attempt) <= {RESTART_EXIT_CODE, -signal.SIGKILL} for attempt in codes[:-1]), codes
-        assert set(codes[-1]) <= {0, -signal.SIGKILL} and 0 in codes[-1], codes
+        codes = [tuple(attempt["exit_codes"]) for attempt in report["process_exits"]]
+        assert codes == list(expected.exits), said
         exits = "(the command); processes: " + " → ".join(", ".join(map(str, attempt)) for attempt in codes)
+    else:
+        assert expected.exits is None
+    restored = [step for _, source, step in restores if source == "checkpoint"]
     ROWS[cell] = {
         "what": CLI_CELLS[cell][0],
         "outcome": f"finished {CLI_STEPS}/{CLI_STEPS}"
@@ -457,7 +540,7 @@ def test_cell_through_the_command_line(tmp_path, tmp_path_factory, cell):
         "failures": ", ".join(f"{f['phase']} {f['slices']}" for f in failures),
         "restored_from": ", ".join(f["restored_from"] for f in failures),
         "lost_steps": sum(f["lost_steps"] for f in failures),
-        "checkpoint_restores": ", ".join(str(step) for _, step in restores) or "-",
+        "checkpoint_restores": ", ".join(map(str, restored)) or "-",
         "on_disk": ", ".join(map(str, sorted(on_disk))),
         "samples": f"{report['samples']['duplicated']} / {report['samples']['skipped']}",
     }

@@ -14,7 +14,8 @@ import time
 
 import pytest
 from test_cli import run_cli
-from test_fault_matrix import CLI_TINY, assert_same_arrays, cli_reference, processes, processes_of, saved_states
+from test_fault_matrix import (CLI_TINY, assert_same_arrays, processes, processes_of, reference_checkpoints,
+                               saved_states)
 
 from elastic_trainer.launch._launcher import free_port
 
@@ -75,7 +76,7 @@ def test_scale_down_survives_a_stuck_process_and_a_kill_between_agreement_and_sa
     on_disk = saved_states(run_dir / "checkpoints")
     assert set(on_disk) == {3, 9, 12}
     # each holds the state of its step in a failure-free run (in this process, as many slices and devices)
-    expected = saved_states(cli_reference(THREE, tmp_path_factory))
+    expected = saved_states(reference_checkpoints(THREE, tmp_path_factory))
     for step in on_disk:
         assert_same_arrays(on_disk[step], expected[step], f"the checkpoint of step {step}")
 
@@ -100,7 +101,8 @@ def test_scale_down_drops_a_slow_process_found_a_straggler_and_goes_on_without_i
     assert attempt["exit_codes"] == [0, -signal.SIGKILL]  # it left as a lost slice's live processes leave
     events = [json.loads(line)["event"] for line in (run_dir / "events.jsonl").read_text().splitlines()]
     assert events.index("straggler") < events.index("resize")
-    on_disk, expected = saved_states(run_dir / "checkpoints"), saved_states(cli_reference(processes(2), tmp_path_factory))
+    on_disk = saved_states(run_dir / "checkpoints")
+    expected = saved_states(reference_checkpoints(processes(2), tmp_path_factory))
     assert set(on_disk) == {3, 6, 9, 12}  # step 3's by both processes, the later ones by process 0 alone
     for step in on_disk:
         assert_same_arrays(on_disk[step], expected[step], f"the checkpoint of step {step}")
@@ -176,6 +178,6 @@ def test_a_job_started_the_way_srun_starts_it_loses_task_0_and_its_slice_goes_do
     assert report["samples"] == {"consumed": 12 * 48, "duplicated": 0, "skipped": 0}
     on_disk = saved_states(checkpoints)  # step 9's save was under way when task 0 died: on disk if it completed
     assert {3, 6, 12} <= set(on_disk) <= {3, 6, 9, 12}
-    expected = saved_states(cli_reference(processes(2), tmp_path_factory))  # 2 slices of 2 devices
+    expected = saved_states(reference_checkpoints(processes(2), tmp_path_factory))  # 2 slices of 2 devices
     for step in on_disk:
         assert_same_arrays(on_disk[step], expected[step], f"the checkpoint of step {step}")
