@@ -472,7 +472,12 @@ def processes_of(run_dir: Path) -> list[psutil.Process]:
     return [p for p in psutil.process_iter(["cmdline"]) if str(run_dir) in " ".join(p.info["cmdline"] or [])]
 
 
-@pytest.mark.parametrize("cell", list(CLI_CELLS), ids="-".join)
+SLOW_CELLS = {("scale_down", "checkpoint_restore", "multiprocess"), ("scale_down", "recovery", "multiprocess")}
+"""Left out of the default suite (``-m slow`` runs them): about 90 s of it, on 2 cores."""
+
+
+@pytest.mark.parametrize("cell", [pytest.param(c, marks=pytest.mark.slow) if c in SLOW_CELLS else c for c in CLI_CELLS],
+                         ids="-".join)
 def test_cell_through_the_command_line(tmp_path, cli_reference, cell):
     strategy, phase, _ = cell
     _, cluster, schedule, expected = CLI_CELLS[cell]
@@ -600,12 +605,16 @@ def render_table(rows: dict) -> str:
 
 def test_the_committed_table_is_the_generated_one():
     cells = {(s, p, "in-process") for s in STRATEGIES for p in PHASES} | set(CLI_CELLS)
-    if set(ROWS) != cells:
+    if set(ROWS) | SLOW_CELLS < cells:
         pytest.skip(f"{len(cells - set(ROWS))} cell(s) did not run or failed; the table is checked when all pass")
     table = render_table(ROWS)
-    if os.environ.get(WRITE_TABLE_ENV):
+    if os.environ.get(WRITE_TABLE_ENV) and set(ROWS) == cells:
         TABLE.write_text(table)
-    assert TABLE.read_text() == table, (
+    committed = TABLE.read_text()
+    for strategy, phase, how in cells - set(ROWS):  # slow cells not run: their committed rows stand
+        committed = "".join(line for line in committed.splitlines(keepends=True)
+                            if not (line.startswith(f"| {strategy} | {phase} |") and f"| {how} |" in line))
+    assert committed == table, (
         f"docs/fault_matrix.md is not what the tests generate; regenerate it with {WRITE_TABLE_ENV}=1 "
         "python -m pytest tests/test_fault_matrix.py"
     )

@@ -81,6 +81,7 @@ def test_scale_down_survives_a_stuck_process_and_a_kill_between_agreement_and_sa
         assert_same_arrays(on_disk[step], expected[step], f"the checkpoint of step {step}")
 
 
+@pytest.mark.slow  # python -m pytest -m slow
 def test_scale_down_drops_a_slow_process_found_a_straggler_and_goes_on_without_it(run_dir, tmp_path_factory):
     """Process 1 of 2 slowed 3 times from step 2 (it really takes that long, after its part of each step): found a
     straggler from the times the processes exchange, within trainer.straggler_steps steps; scale_down drops it at
