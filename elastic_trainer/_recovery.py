@@ -21,6 +21,7 @@ from typing import Any, NoReturn
 import equinox as eqx
 import jax
 import pluggy
+from jax.sharding import Mesh
 from jaxtyping import PyTree
 
 from .clusters import AbstractCluster
@@ -322,6 +323,8 @@ def restart(ctx: TrainingContext, index: int, state: LoopState, *, error: Except
     if ctx.checkpoints is None:
         raise TrainingStopped(f"{record.action}: a restart needs checkpoints; enable checkpoint.enabled.")
     with ctx.clock.measure("checkpoint_save"):
+        if record.regrouped:
+            save_what_survives(ctx, state, lost=lost_slices(ctx, state.layout.slices, record.slices, state.incarnations))
         ctx.checkpoints.checkpointer.wait()
     restored = ctx.checkpoints.checkpointer.latest_step() or 0
     ctx.failures.amend(index, restored_from="checkpoint" if restored else "none", lost_steps=state.step - restored)
@@ -330,6 +333,26 @@ def restart(ctx: TrainingContext, index: int, state: LoopState, *, error: Except
         f"step {state.step + 1} lost slice(s) {list(record.slices)}; restarting the worker from step {restored}.",
         resume_step=restored,
     ) from error
+
+
+def save_what_survives(ctx: TrainingContext, state: LoopState, *, lost: Sequence[int]) -> None:
+    """Before the group is re-formed, save the survivors' whole state of ``state.step`` as a checkpoint (committed
+    on return), so that the new group goes on from the step the failure interrupted: no step is lost.
+
+    Every surviving slice holds a full copy, so the state is re-assembled
+    from their shards alone, on a mesh of them (the lost processes' shards
+    are not read). Nothing is saved when no slice survived or the state is
+    not whole yet (a resume's restore); a step saved already stands.
+    """
+    old = state.layout
+    kept = [position for position, s in enumerate(old.slices) if s not in lost]
+    if not kept or not state.whole:
+        return
+    layout = dataclasses.replace(old, slices=tuple(old.slices[p] for p in kept),
+                                 mesh=Mesh(old.mesh.devices[kept], old.mesh.axis_names))
+    survivors = dataclasses.replace(state, arrays=keep_slices(state.arrays, old.mesh, kept), layout=layout,
+                                    incarnations=ctx.cluster.incarnations())
+    ctx.checkpoints.save(survivors, step_times_s=list(ctx.history.seconds.values()), failures=len(ctx.failures))
 
 
 def roll_back(ctx: TrainingContext, to_step: int) -> None:

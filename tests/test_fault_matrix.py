@@ -405,11 +405,9 @@ CLI_CELLS = {  # (strategy, phase, run): (what fails, the cluster's overrides, t
     ("full_restart", "train_step", "CLI"): (
         "slice 1 lost during step 8", [], "[{at_step: 7, slice: 1}]",
         Expected(failures=(("train_step", (1,), "checkpoint", 1),), restores=((1, "checkpoint", 6),), workers=2)),
-    ("pause_resume", "train_step", "multiprocess"): (  # synchronous saves: process 0 commits them, and an
-        # asynchronous commit still running when it is killed (a loaded machine) would leave no step to restore
-        "process 0 of 2 killed during step 6 (synchronous saves)", [*processes(2), "checkpoint.async_save=false"],
-        "[{at_step: 5, slice: 0}]",
-        Expected(failures=(("train_step", (0,), "checkpoint", 2),), restores=((1, "checkpoint", 3),),
+    ("pause_resume", "train_step", "multiprocess"): (  # the group is re-formed; the survivor first saves step 5
+        "process 0 of 2 killed during step 6", processes(2), "[{at_step: 5, slice: 0}]",
+        Expected(failures=(("train_step", (0,), "checkpoint", 0),), restores=((1, "checkpoint", 5),),
                  exits=((KILLED, RESTART_EXIT_CODE), (0, 0)))),
     ("scale_down", "two_slices", "multiprocess"): (  # synchronous saves, as above: step 6's commit is process 0's
         "processes 0 and 2 of 3 killed during step 9 (synchronous saves)",
@@ -447,14 +445,15 @@ _cli_references: dict[int, Path] = {}
 
 
 def reference_checkpoints(cluster: list[str], tmp_path_factory) -> Path:
-    """The checkpoints of the same run without failures, trained in this process on a simulated
-    cluster of as many slices and devices as ``cluster``'s overrides give (once per cluster); its compiles go
-    into the session's compilation cache."""
+    """The checkpoints of the same run without failures, of every step (a re-formed group's survivors save the
+    step they were at), trained in this process on a simulated cluster of as many slices and devices as
+    ``cluster``'s overrides give (once per cluster); its compiles go into the session's compilation cache."""
     slices = next((int(o.split("=")[1]) for o in cluster if o.startswith("cluster.num_processes=")), 4)
     if slices not in _cli_references:
         jax.devices()  # JAX starts with the session's 8 devices, not the first simulated cluster's: all fit
         directory = tmp_path_factory.mktemp(f"failure_free_{slices}_slices") / "checkpoints"
-        trainer = build_trainer(compose_config(*CLI_TINY, f"cluster.slices={slices}", f"checkpoint.dir={directory}"))
+        trainer = build_trainer(compose_config(*CLI_TINY, f"cluster.slices={slices}", f"checkpoint.dir={directory}",
+                                               "checkpoint.period=1", f"checkpoint.max_to_keep={CLI_STEPS}"))
         trainer.fit()
         trainer.checkpointer.close()
         _cli_references[slices] = directory
