@@ -19,6 +19,7 @@ from ._checkpoint_io import FailedSaves, SaveEnded, log_closed_loop_noise, move_
 from ._checksums import CHECKSUMS_KEY, checksums, compile_checksums, verify_checksums
 from ._failures import ConfigError
 from .clusters._group_barrier import GroupBarrier, hide_given_up_saves
+from .clusters._rejoin import this_process_joined
 from ._period import YoungDalyPeriod
 from ._state_handler import state_handler
 from .config._settings import check_checkpoint_settings
@@ -125,11 +126,13 @@ class Checkpointer:
         self.max_failed_saves = max_failed_saves
         self._in_flight: int | None = None  # the step whose asynchronous save may still be committing
         self._failed_saves = FailedSaves(self.directory)
-        self._groups = 0  # how many times the processes regrouped
-        self.processes = frozenset(range(jax.process_count()))
+        joined = this_process_joined()  # a replacement saves alone until the trainer regroups it with the others
+        self.groups = joined.checkpoint_group - 1 if joined else 0
+        """How many times the processes regrouped (each group's barriers are named after it)."""
+        self.processes = frozenset([jax.process_index()] if joined else range(jax.process_count()))
         """The processes that save together: every process of the job, until :meth:`regroup`."""
         self._barrier = self._group_barrier(self.processes)
-        self.manager = self._manager(active_processes=None, barrier=self._barrier)
+        self.manager = self._manager(active_processes=set(self.processes) if joined else None, barrier=self._barrier)
         if self._barrier is not None:
             self._compile_orbax_barrier()
         log_closed_loop_noise()
@@ -156,7 +159,7 @@ class Checkpointer:
         save, and the old group's may never have completed); ``None`` for a group of one process."""
         if len(processes) == 1:
             return None
-        return GroupBarrier(processes, name=f"elastic_trainer_group{self._groups}")
+        return GroupBarrier(processes, name=f"elastic_trainer_group{self.groups}")
 
     def regroup(self, processes: Collection[int]) -> None:
         """Save over ``processes`` only from now on: the live processes of a job that lost some.
@@ -183,7 +186,7 @@ class Checkpointer:
         except Exception:  # noqa: BLE001 - the given-up save failed; it committed nothing
             pass
         self._in_flight = None  # given up: it committed or not, as the manager's steps now say
-        self._groups += 1
+        self.groups += 1
         barrier = self._group_barrier(processes)
         if barrier is not None and jax.process_index() in processes:
             # every member's old save has ended (committed or not) before any member lists the steps
@@ -324,7 +327,7 @@ class Checkpointer:
         the all-gather: the processes meet before it, and it fails at once
         when a process dies during the save.
         """
-        if self._barrier is None or self._groups:  # one process, or a group: barriers in the service already
+        if self._barrier is None or self.groups:  # one process, or a group: barriers in the service already
             yield self.manager
             return
         manager = self._manager(active_processes=set(self.processes), barrier=self._barrier)

@@ -42,11 +42,14 @@ class Layouts:
     :param release: ``release(dropped, kept)`` lets the slices ``dropped`` go at a step boundary, the run
         going on with ``kept`` (the run's checkpoints do it: their saves go on over what is left); by default the
         cluster's :meth:`~AbstractCluster.release`.
+    :param take_back: ``take_back(state, slices, returning)`` goes on with ``slices`` at a step boundary, taking
+        in ``returning`` ones (``_take_back.take_back``); the state on the new layout.
     """
 
     def __init__(
         self, *, cluster: AbstractCluster, hooks: Any, view: object, clock: GoodputClock, steps: StepCache,
         global_batch_size: int, release: Callable[[Sequence[int], Sequence[int]], None] | None = None,
+        take_back: Callable[[LoopState, tuple[int, ...], list[int]], LoopState] | None = None,
     ):
         self._cluster = cluster
         self._hooks = hooks
@@ -55,6 +58,7 @@ class Layouts:
         self._steps = steps
         self._global_batch_size = global_batch_size
         self._release = release or (lambda dropped, kept: cluster.release(dropped))
+        self._take_back = take_back
         self.current: Layout | None = None
         """The layout made last (what ``trainer.slices`` and ``trainer.mesh`` show)."""
         self.resizes: list[ResizeRecord] = []
@@ -102,12 +106,21 @@ class Layouts:
         """Ask plugins whether to change slices at this step boundary (``et_propose_resize``); move the state if so.
 
         Slices taken away are released first (``release``); the state moves
-        from the slices kept (each holds a full copy).
+        from the slices kept (each holds a full copy). Slices returning to a
+        runtime that must take them in (:meth:`AbstractCluster.returning_slices`)
+        are offered as healthy, and taken back in with ``take_back`` when the
+        plugins want them, refused otherwise.
         """
         layout = state.layout
         healthy = self._hooks.et_slice_health(trainer=self._view)
-        target = self._hooks.et_propose_resize(trainer=self._view, healthy_slices=list(healthy))
-        if target is None or tuple(sorted(target)) == layout.slices:
+        returning = [s for s in self._cluster.returning_slices() if s not in healthy]
+        target = self._hooks.et_propose_resize(trainer=self._view, healthy_slices=sorted({*healthy, *returning}))
+        target = layout.slices if target is None else tuple(sorted(target))
+        if set(returning) & set(target):
+            return self._take_back(state, target, returning)
+        if returning:  # not wanted back: refused
+            self._cluster.take_in(target, step=state.step, position=state.position, checkpoint_group=0)
+        if target == layout.slices:
             return dataclasses.replace(state, at_boundary=False)
         begin = time.time()
         dropped = [s for s in layout.slices if s not in target]
@@ -122,12 +135,15 @@ class Layouts:
         self.record_resize(state.step, layout, new, reason=reason, seconds=time.time() - begin)
         return dataclasses.replace(state, arrays=arrays, layout=new, at_boundary=False)
 
-    def record_resize(self, step: int, old: Layout, new: Layout, *, reason: str, seconds: float) -> None:
+    def record_resize(
+        self, step: int, old: Layout, new: Layout, *, reason: str, seconds: float, state_from_peer: tuple[int, ...] = ()
+    ) -> None:
         """Add a resize record when ``new`` uses other slices than ``old``."""
         if old.slices != new.slices:
             self.resizes.append(ResizeRecord(
                 step=step, at=time.time(), reason=reason, slices_before=len(old.slices), slices=new.slices,
                 seconds=seconds, compile_s=new.compile_s, compile_cached=new.compile_cached,
+                state_from_peer=state_from_peer,
             ))
 
     def _batch_for(self, mesh: Mesh, slices: tuple[int, ...], plan: RecoveryPlan | None) -> tuple[int, float]:

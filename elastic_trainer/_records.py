@@ -135,9 +135,13 @@ class ResizeRecord:
     """A change of the slices in use, as ``report["resizes"]`` lists it.
 
     :param at: when it was done (``time.time()``).
-    :param reason: ``"failure"``, ``"scale_up"``, or ``"dropped"`` (a plugin took slices in use away at a step
-        boundary: ``scale_down`` dropping a straggler).
+    :param reason: ``"failure"``, ``"scale_up"``, ``"dropped"`` (a plugin took slices in use away at a step
+        boundary: ``scale_down`` dropping a straggler), or ``"rejoined"`` (a scale-up onto slices whose
+        processes came back as replacements on ``cluster=multiprocess``, their state sent by a live peer,
+        no checkpoint read).
     :param seconds: the time it took (re-mesh, compile and state transfer).
+    :param state_from_peer: the processes of a ``"rejoined"`` resize's returning slices, which got the state
+        from a live peer.
     """
 
     step: int
@@ -148,13 +152,15 @@ class ResizeRecord:
     seconds: float
     compile_s: float
     compile_cached: bool
+    state_from_peer: tuple[int, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
-        """The report's entry."""
+        """The report's entry (``state_from_peer`` only for a resize that took processes back in)."""
         return {
             "step": self.step, "at": self.at, "reason": self.reason, "slices_before": self.slices_before,
             "slices_after": len(self.slices), "slices": list(self.slices), "seconds": self.seconds,
             "compile_s": self.compile_s, "compile_cached": self.compile_cached,
+            **({"state_from_peer": list(self.state_from_peer)} if self.state_from_peer else {}),
         }
 
 

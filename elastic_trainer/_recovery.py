@@ -36,6 +36,7 @@ from ._snapshots import HostSnapshots
 from ._step_cache import StepCache
 from ._stragglers import StragglerWatch
 from ._step_runner import StepRunner
+from ._take_back import take_back
 
 HEALTH_POLL_S = 0.05
 """How often slice health is asked while waiting for slices."""
@@ -171,22 +172,25 @@ def carry_out(
 
 
 def _waits_in_vain(ctx: RunContext, plan: RecoveryPlan, total: int) -> bool:
-    """Whether ``plan`` would wait for lost slices on a cluster where they never come back."""
-    if ctx.cluster.lost_slices_rejoin:
-        return False
-    healthy = len(ctx.cluster.healthy_slices())
-    return bool(plan.wait_for_all_s and healthy < total or plan.wait_for_min_s and healthy < plan.min_slices)
+    """Whether ``plan`` would wait for lost slices that do not come back within its wait."""
+    healthy = ctx.cluster.healthy_slices()
+    waits = plan.wait_for_all_s and len(healthy) < total or plan.wait_for_min_s and len(healthy) < plan.min_slices
+    lost = [s for s in range(total) if s not in healthy]
+    return bool(waits) and not ctx.cluster.lost_slices_return(lost, within_s=max(plan.wait_for_all_s,
+                                                                                  plan.wait_for_min_s))
 
 
 def wait_for_slices(ctx: RunContext, timeout_s: float, *, until: int) -> list[int]:
-    """Poll ``et_slice_health`` until at least ``until`` slices are healthy or ``timeout_s`` passed; the healthy slices."""
+    """Poll ``et_slice_health`` until at least ``until`` slices are healthy or ``timeout_s`` passed; the healthy
+    slices, with those returning (:meth:`AbstractCluster.returning_slices`: taken back in once recovered)."""
     with ctx.clock.measure("waiting_for_slices"):
         deadline = time.monotonic() + timeout_s
-        healthy = ctx.hooks.et_slice_health(trainer=ctx.view)
+        healthy = [*ctx.hooks.et_slice_health(trainer=ctx.view), *ctx.cluster.returning_slices()]
         while len(healthy) < until and time.monotonic() < deadline:
             time.sleep(min(HEALTH_POLL_S, max(0.0, deadline - time.monotonic())))
-            healthy = ctx.hooks.et_slice_health(trainer=ctx.view)
-    return sorted(healthy)
+            ctx.cluster.await_returns()
+            healthy = [*ctx.hooks.et_slice_health(trainer=ctx.view), *ctx.cluster.returning_slices()]
+    return sorted(set(healthy))
 
 
 @contextlib.contextmanager
@@ -257,6 +261,8 @@ def _recover_from(ctx: TrainingContext, failure: Failure, index: int, error: Exc
             "the traditional way; select one with +strategy=NAME to keep training through failures."
         ) from error
     plan, healthy = carry_out(ctx, plan, index, error=error, restart=lambda: restart(ctx, index, state, error=error))
+    returning = [s for s in healthy if s in ctx.cluster.returning_slices()]  # taken back in once recovered
+    healthy = [s for s in healthy if s not in returning]
     lost = lost_slices(ctx, old.slices, failure.slices, state.incarnations)  # more may have failed meanwhile
     arrays = ctx.cluster.surviving(state.arrays, lost)  # what lived on lost slices is gone
     ctx.failures.amend(index, slices=lost)
@@ -275,10 +281,14 @@ def _recover_from(ctx: TrainingContext, failure: Failure, index: int, error: Exc
         slices_after=len(new.slices),
     )
     ctx.layouts.record_resize(step, old, new, reason="failure", seconds=remesh_s + record.compile_s + record.restore_s)
-    return LoopState(
+    recovered = LoopState(
         arrays, new, step=int(arrays.step), position=int(arrays.data_position),
         incarnations=ctx.cluster.incarnations(), pending=PendingRecovery(index, record.failed_at),
     )
+    if returning:  # replacements of lost slices came back while the plan waited
+        recovered = take_back(ctx, recovered, sorted([*healthy, *returning]), returning)
+        ctx.failures.amend(index, slices_after=len(recovered.layout.slices))
+    return recovered
 
 
 def restore(

@@ -127,6 +127,13 @@ class StepCache:
             self._futures[key] = self._background.submit(self._compile, mesh, batch_size, key)
             self.compiled_ahead += 1
 
+    def restart(self) -> None:
+        """Forget every compiled step once the compile under way has ended: the backend they run on is going."""
+        self._background.shutdown(wait=True, cancel_futures=True)
+        self._futures.clear()
+        self._in_use = None
+        self._background = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="et-compile")
+
     def close(self) -> None:
         """Drop compiles not started yet; one under way finishes on its own."""
         self._background.shutdown(wait=False, cancel_futures=True)

@@ -45,6 +45,7 @@ from ._state import TrainState, init_train_state
 from ._step import LossFn, check_fits, make_step_fn
 from ._step_cache import DEFAULT_MAX_LAYOUTS, StepCache
 from ._step_runner import StepRunner
+from ._take_back import join, take_back
 from ._watchdog import Watchdog
 
 
@@ -272,7 +273,7 @@ class Trainer:
         """Start JAX, build the run's collaborators and the first layout; the loop's first state."""
         clock = GoodputClock(self.started_at)
         with clock.measure("startup"):
-            if self.checkpointer and not self.resume:
+            if self.checkpointer and not self.resume and not self.cluster.admission:  # a replacement goes on
                 refuse_to_overwrite(self.checkpointer)
             self.cluster.configure_jax()
             state = init_train_state(self.model, self.optimizer, key=jax.random.fold_in(jax.random.key(self.seed), 1))
@@ -286,7 +287,8 @@ class Trainer:
                                    max_layouts=self.max_cached_layouts)
         checkpoints = self._run_checkpoints(clock, static)
         layouts = Layouts(cluster=self.cluster, hooks=self.hook, view=self, clock=clock, steps=step_cache,
-                          global_batch_size=self.global_batch_size, release=checkpoints and checkpoints.release)
+                          global_batch_size=self.global_batch_size, release=checkpoints and checkpoints.release,
+                          take_back=lambda state, slices, returning: take_back(self._ctx, state, slices, returning))
         self._ctx = ctx = TrainingContext(
             cluster=self.cluster, hooks=self.hook, plugin_manager=self.plugin_manager, view=self, clock=clock,
             failures=self._failures, layouts=layouts, stragglers=StragglerWatch(self.straggler_rule),
@@ -295,11 +297,14 @@ class Trainer:
             abstract=jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), arrays), static=static,
             step_cache=step_cache, runner=StepRunner(self.cluster, self.data, self._watchdog, sample),
         )
-        incarnations = self.cluster.incarnations()  # as of the state in hand
-        layout = ctx.layouts.make(range(len(self.cluster.slice_devices())))
+        incarnations, joined = self.cluster.incarnations(), self.cluster.admission  # as of the state in hand
+        layout = ctx.layouts.make(joined.slices if joined else range(len(self.cluster.slice_devices())))
         with clock.measure("startup"):
             arrays = put_on(arrays, layout.shardings)
             ctx.layouts.compile_likely(layout)
+        if joined:  # a replacement: the state comes from the live processes
+            return join(ctx, arrays, layout, joined)
+        with clock.measure("startup"):
             self.cluster.check_step(layout.slices, since=incarnations)  # with several processes: all ready
         resume_from = self.checkpointer.latest_step() if self.resume else None
         return LoopState(arrays, layout, step=resume_from or 0, position=0, incarnations=incarnations,

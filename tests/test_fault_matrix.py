@@ -406,7 +406,7 @@ CLI_CELLS = {  # (strategy, phase, run): (what fails, the cluster's overrides, t
         "slice 1 lost during step 8", [], "[{at_step: 7, slice: 1}]",
         Expected(failures=(("train_step", (1,), "checkpoint", 1),), restores=((1, "checkpoint", 6),), workers=2)),
     ("pause_resume", "train_step", "multiprocess"): (  # the group is re-formed; the survivor first saves step 5
-        "process 0 of 2 killed during step 6", processes(2), "[{at_step: 5, slice: 0}]",
+        "process 0 of 2 killed for good during step 6", processes(2), "[{at_step: 5, slice: 0}]",
         Expected(failures=(("train_step", (0,), "checkpoint", 0),), restores=((1, "checkpoint", 5),),
                  exits=((KILLED, RESTART_EXIT_CODE), (0, 0)))),
     ("scale_down", "two_slices", "multiprocess"): (  # synchronous saves, as above: step 6's commit is process 0's
@@ -471,8 +471,11 @@ def processes_of(run_dir: Path) -> list[psutil.Process]:
     return [p for p in psutil.process_iter(["cmdline"]) if str(run_dir) in " ".join(p.info["cmdline"] or [])]
 
 
-SLOW_CELLS = {("scale_down", "checkpoint_restore", "multiprocess"), ("scale_down", "recovery", "multiprocess")}
-"""Left out of the default suite (``-m slow`` runs them): about 90 s of it, on 2 cores."""
+SLOW_CELLS = {("scale_down", "checkpoint_restore", "multiprocess"), ("scale_down", "recovery", "multiprocess"),
+              ("pause_resume", "train_step", "multiprocess")}
+"""Left out of the default suite (``-m slow`` runs them): about 130 s of it, on 2 cores. The pause_resume cell
+re-forms the job (its lost process never comes back); tests/test_multiprocess.py has pause_resume taking a
+returning process back in, in the default suite."""
 
 
 @pytest.mark.parametrize("cell", [pytest.param(c, marks=pytest.mark.slow) if c in SLOW_CELLS else c for c in CLI_CELLS],

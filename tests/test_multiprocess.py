@@ -14,9 +14,11 @@ import time
 
 import pytest
 from test_cli import run_cli
+from test_config import compose_config
 from test_fault_matrix import (CLI_TINY, assert_same_arrays, processes, processes_of, reference_checkpoints,
                                saved_states)
 
+from elastic_trainer.config._build import build_trainer
 from elastic_trainer.launch._launcher import free_port
 
 TINY = ["model.d_model=32", "model.num_heads=2", "model.num_layers=1", "data.max_bytes=200000"]
@@ -182,3 +184,72 @@ def test_a_job_started_the_way_srun_starts_it_loses_task_0_and_its_slice_goes_do
     expected = saved_states(reference_checkpoints(processes(2), tmp_path_factory))  # 2 slices of 2 devices
     for step in on_disk:
         assert_same_arrays(on_disk[step], expected[step], f"the checkpoint of step {step}")
+
+
+def events_of(run_dir) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines()]
+
+
+def test_pause_resume_waits_for_the_replacement_of_a_killed_process_which_gets_its_state_from_a_peer(
+        run_dir, tmp_path_factory):
+    """Process 1 of 2 killed during step 6 and back 1 s later (chaos's down_for_s: the launcher starts a
+    replacement with the same process id once the survivor has found the death): pause_resume waits for it
+    instead of re-forming the job. The survivor and the replacement start a new backend together, the
+    replacement gets the state of step 5 from the survivor (no checkpoint read), and both go on to step 12:
+    process 0 is never restarted, and every checkpoint holds the failure-free state of its step."""
+    result = run_cli(*CLI_TINY, *processes(2), "+strategy=pause_resume", "+chaos=schedule",
+                     "chaos.failures=[{at_step: 5, slice: 1, down_for_s: 1}]", f"hydra.run.dir={run_dir}")
+    assert result.returncode == 0, result.stderr
+    report = report_of(run_dir)
+    assert report["steps_completed"] == 12 and report.get("workers", 1) == 1
+    (failure,) = report["failures"]
+    assert (failure["step"], failure["slices"], failure["action"]) == (5, [1], "pause_resume")
+    assert (failure["restored_from"], failure["lost_steps"], failure["slices_after"]) == ("replica", 0, 2)
+    assert "regrouped" not in failure
+    assert [(r["step"], r["reason"], r["slices"], r.get("state_from_peer")) for r in report["resizes"]] == [
+        (5, "failure", [0], None), (5, "rejoined", [0, 1], [1])]
+    (attempt,) = report["process_exits"]
+    assert attempt["exit_codes"] == [0, 0]
+    assert len(attempt["pids"][0]) == 1, "process 0 was restarted"
+    assert len(attempt["pids"][1]) == 2 and attempt["replaced_exit_codes"] == [[], [-signal.SIGKILL]]
+    assert report["samples"] == {"consumed": 12 * 48, "duplicated": 0, "skipped": 0}
+    # the only restore is the survivor's, from its own replica; the replacement restored nothing
+    assert [(e["step"], e["source"]) for e in events_of(run_dir) if e["event"] == "restore"] == [(5, "replica")]
+    replacement = json.loads((run_dir / "process1" / "report.attempt0.json").read_text())
+    assert replacement["resumed_from"] is None and replacement["samples"]["consumed"] == (12 - 5) * 48
+    on_disk = saved_states(run_dir / "checkpoints")
+    assert set(on_disk) == {3, 6, 9, 12}  # 6, 9 and 12 saved by both processes again
+    expected = saved_states(reference_checkpoints(processes(2), tmp_path_factory))
+    for step in on_disk:
+        assert_same_arrays(on_disk[step], expected[step], f"the checkpoint of step {step}")
+
+
+REJOIN_STEPS = 300
+
+
+@pytest.mark.slow  # python -m pytest -m slow
+def test_scale_down_takes_a_returning_process_back_in_and_ends_with_the_failure_free_state(run_dir, tmp_path_factory):
+    """3 processes, process 1 killed at step 20 and back after 10 s: scale_down goes on with 2 at once, and takes
+    the replacement back in at the step boundary after it asked (3 -> 2 -> 3), its state from a peer; the final
+    parameters equal a failure-free run's on 3 slices (rtol 1e-5), every sample once."""
+    steps = [f"trainer.steps={REJOIN_STEPS}", f"checkpoint.period={REJOIN_STEPS}"]
+    result = run_cli(*CLI_TINY, *steps, *THREE, "+strategy=scale_down", "+chaos=schedule",
+                     "chaos.failures=[{at_step: 20, slice: 1, down_for_s: 10}]", f"hydra.run.dir={run_dir}")
+    assert result.returncode == 0, result.stderr
+    report = report_of(run_dir)
+    assert report["steps_completed"] == REJOIN_STEPS
+    (failure,) = report["failures"]
+    assert (failure["step"], failure["slices"], failure["restored_from"], failure["lost_steps"]) == (20, [1], "replica", 0)
+    (shrink, grow) = report["resizes"]
+    assert (shrink["step"], shrink["reason"], shrink["slices"]) == (20, "failure", [0, 2])
+    assert (grow["reason"], grow["slices"], grow["state_from_peer"]) == ("rejoined", [0, 1, 2], [1])
+    assert 20 < grow["step"] < REJOIN_STEPS, "the replacement came back after the run ended"
+    (attempt,) = report["process_exits"]
+    assert attempt["exit_codes"] == [0, 0, 0] and attempt["replaced_exit_codes"] == [[], [-signal.SIGKILL], []]
+    assert report["samples"] == {"consumed": REJOIN_STEPS * 48, "duplicated": 0, "skipped": 0}
+    directory = tmp_path_factory.mktemp("failure_free_rejoin") / "checkpoints"
+    trainer = build_trainer(compose_config(*CLI_TINY, *steps, "cluster.slices=3", f"checkpoint.dir={directory}"))
+    trainer.fit()
+    trainer.checkpointer.close()
+    (final,) = saved_states(run_dir / "checkpoints").values()
+    assert_same_arrays(final, saved_states(directory)[REJOIN_STEPS], "the final state")

@@ -2,5 +2,6 @@
 
 from ._base import AbstractCluster as AbstractCluster, AbstractInjectableCluster as AbstractInjectableCluster
 from ._multiprocess import MultiprocessCluster as MultiprocessCluster
+from ._rejoin import Admission as Admission
 from ._pathways import PathwaysCluster as PathwaysCluster
 from ._simulated import SimulatedCluster as SimulatedCluster

@@ -14,10 +14,6 @@ class AbstractCluster(abc.ABC):
 
     kind: str
 
-    lost_slices_rejoin: bool = True
-    """Whether a lost slice can come back into the running job. If not, a
-    strategy that waits for lost slices re-forms the whole job instead: the
-    processes exit to be restarted together (see :class:`RecoveryPlan`)."""
 
     @abc.abstractmethod
     def configure_jax(self) -> None:
@@ -90,6 +86,36 @@ class AbstractCluster(abc.ABC):
         ``tree`` comes back as it is.
         """
         return tree
+
+    def lost_slices_return(self, slices: Sequence[int], *, within_s: float) -> bool:
+        """Whether lost ``slices`` can come back into the running job within ``within_s`` seconds. If not, a
+        strategy that would wait for them re-forms the whole job instead: the processes exit to be restarted
+        together (see :class:`RecoveryPlan`). ``True`` by default."""
+        return True
+
+    def await_returns(self) -> None:
+        """While a recovery waits for lost slices: learn which have come back (:meth:`returning_slices`). Every
+        live process calls it as often as the others (it may be a barrier). Nothing by default."""
+
+    admission = None
+    """In a process that replaces a lost one: how the running job took it in (a :class:`Admission`, set when it
+    joined the job, in :meth:`configure_jax`); ``None`` in every other process."""
+
+    def returning_slices(self) -> list[int]:
+        """Slices lost earlier whose processes came back and wait to be taken in (:meth:`take_in`).
+
+        Empty by default: on a runtime where a returning slice's devices are
+        as they were, it is simply healthy again.
+        """
+        return []
+
+    def take_in(self, slices: Sequence[int], *, step: int, position: int, checkpoint_group: int) -> None:
+        """At a step boundary the run goes on with ``slices``: take in those of them returning, refuse the others.
+
+        ``step``, ``position`` and ``checkpoint_group`` are what the
+        replacements start from. Only a cluster with returning slices is asked.
+        """
+        raise NotImplementedError(f"{type(self).__name__} has no returning slices to take in")
 
     def live_processes(self) -> frozenset[int] | None:
         """The processes that hold a device of a healthy slice, which save checkpoints together.

@@ -34,6 +34,15 @@ with 2 s it did not (2.2 to 2.3 s). JAX's own default, 100 s, is for hosts that 
 KEY_PREFIX = "elastic_trainer/"
 """Where the training processes keep their notes in the coordination service's key-value store."""
 
+def noted(client, key: str) -> str | None:
+    """The value of ``key`` (under :data:`KEY_PREFIX`) in the coordination service's key-value store, ``None`` if it
+    is not there."""
+    try:
+        return client.key_value_try_get(f"{KEY_PREFIX}{key}")
+    except Exception:  # noqa: BLE001 - the runtime raises a plain error for a missing key
+        return None
+
+
 SHUTDOWN_TIMEOUT_S = 10
 """How long the service waits at the end for its clients to say goodbye: the dead never do."""
 

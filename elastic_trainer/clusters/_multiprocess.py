@@ -19,9 +19,10 @@ from jaxtyping import PyTree
 
 from ._base import AbstractInjectableCluster
 from .._failures import ConfigError, SliceLostError, StepTimeoutError
-from ._coordinator import DEFAULT_HEARTBEAT_TIMEOUT_S, KEY_PREFIX, join_job
+from ._coordinator import DEFAULT_HEARTBEAT_TIMEOUT_S, KEY_PREFIX, join_job, noted
 from ._group_barrier import bound_orbax_barriers, coordination_client
 from ._process_injection import ProcessFailureInjection, say_down
+from ._rejoin import ProcessRejoin, note_lost
 from ._step_times import OwnStepTimes, TimeoutCheck
 from ..config._settings import check_multiprocess_settings
 
@@ -51,14 +52,14 @@ def _processes_behind(client, processes: set[int], dispatched: int) -> list[int]
     deadline = time.monotonic() + STUCK_GRACE_S
     behind = {p for p in processes if not _dead_here(client, p)}
     while behind and time.monotonic() < deadline:
-        behind -= {p for p in behind if int(_noted(client, f"dispatched/{p}") or 0) >= dispatched}
+        behind -= {p for p in behind if int(noted(client, f"dispatched/{p}") or 0) >= dispatched}
         time.sleep(0.05)
     return sorted(behind)
 
 
 def _dead_here(client, process: int) -> bool:
     """Whether ``process`` ran on this host and has ended (a zombie its launcher has not reaped yet included)."""
-    host, pid = (_noted(client, f"pid/{process}") or " ").split(" ")
+    host, pid = (noted(client, f"pid/{process}") or " ").split(" ")
     if host != socket.gethostname():
         return False
     try:
@@ -83,14 +84,6 @@ def _kill_if_stuck(client, process: int) -> None:
         pass  # died meanwhile, not stuck
 
 
-def _noted(client, key: str) -> str | None:
-    """The value of ``key`` in the coordination service's key-value store, ``None`` if it is not there."""
-    try:
-        return client.key_value_try_get(f"{KEY_PREFIX}{key}")
-    except Exception:  # noqa: BLE001 - the runtime raises a plain error for a missing key
-        return None
-
-
 def _configure_runtime(
     *, platform: str | None, devices_per_process: int | None, collective_timeout_s: int, barrier_timeout_s: int
 ) -> None:
@@ -106,7 +99,7 @@ def _configure_runtime(
     bound_orbax_barriers(barrier_timeout_s)
 
 
-class MultiprocessCluster(ProcessFailureInjection, AbstractInjectableCluster):
+class MultiprocessCluster(ProcessRejoin, ProcessFailureInjection, AbstractInjectableCluster):
     """Slices made of processes of a multi-controller JAX job (``jax.distributed``).
 
     Every process runs the same training loop on its own devices; a slice is
@@ -150,7 +143,6 @@ class MultiprocessCluster(ProcessFailureInjection, AbstractInjectableCluster):
     """
 
     kind = "multiprocess"
-    lost_slices_rejoin = False  # a restarted process does not rejoin the live group yet (docs/multiprocess.md)
 
     def __init__(
         self,
@@ -208,6 +200,7 @@ class MultiprocessCluster(ProcessFailureInjection, AbstractInjectableCluster):
         join_job(self.coordinator, num_processes=self.num_processes if process_id is not None else None,
                  process_id=int(process_id) if process_id is not None else None,
                  heartbeat_timeout_s=self.heartbeat_timeout_s, initialization_timeout_s=self.initialization_timeout_s)
+        self._ask_to_join()  # a replacement of a lost process: taken in by the live ones, or ended
         if jax.process_count() != self.num_processes:
             raise ConfigError(
                 f"cluster.num_processes is {self.num_processes} but the job has {jax.process_count()} processes; "
@@ -219,7 +212,8 @@ class MultiprocessCluster(ProcessFailureInjection, AbstractInjectableCluster):
                 f"cluster.devices_per_process is {self.devices_per_process} but this process has {local} devices; "
                 "set it to match, or to null to take the platform's devices."
             )
-        self._client().key_value_set(f"{KEY_PREFIX}pid/{jax.process_index()}", f"{socket.gethostname()} {os.getpid()}")
+        self._client().key_value_set(f"{KEY_PREFIX}pid/{jax.process_index()}", f"{socket.gethostname()} {os.getpid()}",
+                                     allow_overwrite=True)
         atexit.register(self._leave)  # runs before JAX's own exit handler, which shuts the client down
 
     def _leave(self) -> None:
@@ -234,6 +228,8 @@ class MultiprocessCluster(ProcessFailureInjection, AbstractInjectableCluster):
         if client is None:
             return
         live = sorted(self._live)
+        if jax.process_index() == live[0]:
+            client.key_value_set(f"{KEY_PREFIX}ended", "1", allow_overwrite=True)  # replacements waiting: leave too
         try:
             client.wait_at_barrier(f"{KEY_PREFIX}leave", 1000 * (10 + 2 * self.heartbeat_timeout_s), process_ids=live)
             if jax.process_index() == live[0]:
@@ -289,7 +285,7 @@ class MultiprocessCluster(ProcessFailureInjection, AbstractInjectableCluster):
         lost = [s for s in slices if s not in healthy or self._failures[s] != since[s]]
         if lost:
             dead = sorted(p for s in lost for p in self.processes_of(s) if p not in self._live)
-            if all(_noted(self._client(), f"stuck/{p}") for p in dead):
+            if all(noted(self._client(), f"stuck/{p}") for p in dead):
                 message = f"DEADLINE_EXCEEDED: process(es) {dead} of slice(s) {lost} were stuck and have been killed"
             else:
                 message = f"DATA_LOSS: process(es) {dead} of slice(s) {lost} died"
@@ -337,15 +333,19 @@ class MultiprocessCluster(ProcessFailureInjection, AbstractInjectableCluster):
     def _agree_on_live_processes(self) -> None:
         """Wait for every live process here (``live_devices``' barrier); note who died since last time."""
         devices = [d for group in self.slice_devices() for d in group if d.process_index in self._live]
+        self._offer_returns()
         try:
             with live_devices(devices):
                 pass
+            self._hear_returns()
         except ProcessFailureError as failure:
             dead = {device.process_index for device in failure.failed_devices} & self._live
             for process in sorted(dead):
-                down_at = _noted(self._client(), f"down/{process}")  # failure injection says when
+                down_at = noted(self._client(), f"down/{process}")  # failure injection says when
                 self._lost_at[process] = float(down_at) if down_at is not None else None
             self._live -= dead
+            if jax.process_index() == min(self._live):
+                note_lost(sorted(dead))  # their replacements may start
             for s in {p // self.processes_per_slice for p in dead}:
                 self._failures[s] += 1
 

@@ -10,6 +10,7 @@ import jax
 
 from .._failures import ConfigError
 from ._coordinator import KEY_PREFIX
+from ._rejoin import note_return
 
 
 def say_down(client) -> None:
@@ -28,11 +29,14 @@ class ProcessFailureInjection:
     def fail_slice(self, index: int, *, down_for_s: float) -> None:
         """Lose slice ``index``: its processes SIGKILL themselves (every process calls this; the others go on).
 
-        ``down_for_s`` is not used: the launcher starts replacements only when the whole group is re-formed.
+        After ``down_for_s`` the local launcher starts a replacement of each
+        (:func:`note_return`), which the live processes take back in when the
+        strategy scales up (docs/multiprocess.md, "Rejoin").
         """
         self._check_index(index)
         if jax.process_index() in self.processes_of(index):
             say_down(self._client())
+            note_return(self._client(), down_for_s)
             os.kill(os.getpid(), signal.SIGKILL)
 
     def fail_process(self, index: int, position: int) -> None:

@@ -7,6 +7,7 @@ import os
 import shutil
 import signal
 import socket
+import subprocess
 import sys
 import time
 from collections.abc import Sequence
@@ -14,6 +15,7 @@ from pathlib import Path
 
 from ..clusters._coordinator import COORDINATOR_ENV, DEFAULT_HEARTBEAT_TIMEOUT_S, serve
 from ..clusters._multiprocess import PROCESS_ID_ENV
+from ..clusters._rejoin import RETURNS_DIR_ENV
 from ._processes import POLL_S, ProcessGroup, StopRequest
 from ._supervisor import EVENTS, RESTART_EXIT_CODE, WORKER_ENV, restart_until_done, worker_file
 
@@ -58,10 +60,13 @@ def launch(
         address = f"127.0.0.1:{free_port()}"
         with serve(address, num_processes=num_processes, heartbeat_timeout_s=heartbeat_timeout_s) \
                 if serves_coordinator else contextlib.nullcontext():
-            codes, exited_at = _run_processes(process_overrides, run_dir=run_dir, num_processes=num_processes,
-                                              attempt=attempt, stop=stop, coordinator=address)
-        exits.append({"attempt": attempt, "exit_codes": codes, "exited_at": exited_at})
-        survivor = next((i for i in range(num_processes) if (run_dir / f"process{i}" / "report.json").exists()), None)
+            ended = _run_processes(process_overrides, run_dir=run_dir, num_processes=num_processes,
+                                   attempt=attempt, stop=stop, coordinator=address)
+        exits.append({"attempt": attempt, **ended})
+        codes = ended["exit_codes"]
+        reported = [i for i in range(num_processes) if (run_dir / f"process{i}" / "report.json").exists()]
+        # the job's report is the lowest surviving process's; a replacement's covers only its part of the run
+        survivor = next((i for i in reported if not ended["replaced_exit_codes"][i]), reported[0] if reported else None)
         if survivor is None:
             return next((c for c in codes if c), 3), False  # no process got to train (bad input): they said why
         for i in range(num_processes):
@@ -77,12 +82,20 @@ def launch(
 
 def _run_processes(
     overrides: list[str], *, run_dir: Path, num_processes: int, attempt: int, stop: StopRequest, coordinator: str,
-) -> tuple[list, list]:
-    """Start every process, the coordination service at ``coordinator``, and wait for all of them;
-    their exit statuses and when each was seen to end."""
-    env = {**os.environ, WORKER_ENV: str(attempt), COORDINATOR_ENV: coordinator}
+) -> dict:
+    """Start every process, the coordination service at ``coordinator``, and wait for all of them; what
+    ``process_exits`` lists of the attempt (without its number).
+
+    A process that failure injection took down for a while said when it
+    comes back (:data:`RETURNS_DIR_ENV`): it is started again then, with the
+    same process id, and joins the running job (docs/multiprocess.md, "Rejoin").
+    """
+    env = {**os.environ, WORKER_ENV: str(attempt), COORDINATOR_ENV: coordinator, RETURNS_DIR_ENV: str(run_dir)}
+    pids: list[list[int]] = [[] for _ in range(num_processes)]
+    replaced: list[list[int]] = [[] for _ in range(num_processes)]  # the exit statuses of those replaced
+
     with ProcessGroup(stop) as group:
-        for i in range(num_processes):
+        def start(i: int) -> subprocess.Popen:
             process_dir = run_dir / f"process{i}"
             command = [
                 sys.executable, "-m", "elastic_trainer", *overrides,
@@ -91,10 +104,20 @@ def _run_processes(
             process_dir.mkdir(parents=True, exist_ok=True)
             with contextlib.ExitStack() as files:  # process 0 shows its progress; the others' goes to a file
                 stdout = files.enter_context(open(process_dir / "stdout.log", "a")) if i else None
-                group.start(command, env={**env, PROCESS_ID_ENV: str(i)}, stdout=stdout)
-        first_end, seen = None, [None] * num_processes
-        while None in (codes := group.poll()):
+                started = group.start(command, env={**env, PROCESS_ID_ENV: str(i)}, stdout=stdout)
+            pids[i].append(started.pid)
+            return started
+
+        processes = [start(i) for i in range(num_processes)]
+        first_end, seen, exited_at = None, [None] * num_processes, [None] * num_processes
+        while None in (codes := [p.poll() for p in processes]):
+            for i, code in enumerate(codes):
+                if code is not None and exited_at[i] is None:
+                    exited_at[i] = time.time()
             _say_who_ended(codes, seen, run_dir=run_dir)
+            for i in _due_to_return(codes, run_dir):
+                replaced[i].append(codes[i])
+                processes[i], seen[i], exited_at[i] = start(i), None, None
             if first_end is None and any(c is not None and c >= 0 for c in codes):
                 first_end = time.monotonic()  # a process ended by itself: the others follow soon
             if first_end is not None and time.monotonic() - first_end > FOLLOW_S:
@@ -106,8 +129,28 @@ def _run_processes(
                       f"{signal.Signals(stop.signum).name}; killing them", file=sys.stderr, flush=True)
                 break
             time.sleep(POLL_S)
-    codes = group.poll()
-    return codes, [group.exited_at.get(i) for i in range(num_processes)]
+    codes = [p.poll() for p in processes]
+    exited_at = [t or time.time() for t in exited_at]
+    for i in range(num_processes):  # notes of returns that did not come
+        for note in (run_dir / f"process{i}.returns_at", run_dir / f"process{i}.lost"):
+            note.unlink(missing_ok=True)
+    return {"exit_codes": codes, "exited_at": exited_at, "pids": pids, "replaced_exit_codes": replaced}
+
+
+def _due_to_return(codes: list[int | None], run_dir: Path) -> list[int]:
+    """The processes taken down (killed) whose time to come back has come and whose loss the others have found
+    (:data:`RETURNS_DIR_ENV`), while the job runs on."""
+    if all(c is not None for c in codes) or any(c is not None and c >= 0 for c in codes):
+        return []  # the job is over or ending: no one comes back
+    due = []
+    for i, code in enumerate(codes):
+        back_at, lost = run_dir / f"process{i}.returns_at", run_dir / f"process{i}.lost"
+        if code is not None and code < 0 and lost.exists() and back_at.exists() \
+                and float(back_at.read_text()) <= time.time():
+            back_at.unlink()
+            lost.unlink()
+            due.append(i)
+    return due
 
 
 def _say_who_ended(codes: list[int | None], seen: list[int | None], *, run_dir: Path) -> None:

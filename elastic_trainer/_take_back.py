@@ -1,0 +1,66 @@
+"""Taking a returning slice back in on ``cluster=multiprocess``: the live processes and its replacement start a
+new backend together, and the replacement gets the train state from a peer (docs/multiprocess.md, "Rejoin")."""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Sequence
+
+import jax
+from jaxtyping import PyTree
+
+from .clusters import Admission
+from .clusters._rejoin import donor_of, from_host, from_peers, to_host
+from ._records import Layout, LoopState
+
+
+def take_back(ctx, state: LoopState, slices: Sequence[int], returning: Sequence[int]) -> LoopState:
+    """In a live process, at a step boundary: go on with ``slices``, some of them ``returning`` (their processes
+    are replacements that asked to join). ``ctx`` is the trainer's :class:`~elastic_trainer._recovery.TrainingContext`.
+
+    The saves under way commit first and the compile under way ends; the
+    state goes to host memory (this process's shards); every compiled step
+    is forgotten and the cluster restarts the backend with the replacements
+    (:meth:`~elastic_trainer.clusters.MultiprocessCluster.take_in`); then the
+    layout of ``slices`` is made on the new backend and the state moves to it,
+    the returning slices' part from a live slice's (:func:`share_state`).
+    """
+    begin, old = time.time(), state.layout
+    if ctx.checkpoints is not None:
+        stopped = ctx.checkpoints.finish_saving(None)
+        if stopped is not None:
+            raise stopped
+    with ctx.clock.measure("remesh"):
+        host = to_host(state.arrays)
+        ctx.step_cache.restart()
+        ctx.cluster.take_in(slices, step=state.step, position=state.position,
+                            checkpoint_group=ctx.checkpoints.checkpointer.groups + 1 if ctx.checkpoints else 0)
+    new = ctx.layouts.make(slices)
+    arrays = share_state(ctx, from_host(host, ctx.abstract, new.shardings), new, donor_of(new.slices, returning))
+    joined = tuple(p for s in returning for p in ctx.cluster.processes_of(s))
+    ctx.layouts.record_resize(state.step, old, new, reason="rejoined", seconds=time.time() - begin,
+                              state_from_peer=joined)
+    return dataclasses.replace(state, arrays=arrays, layout=new, incarnations=ctx.cluster.incarnations(),
+                               at_boundary=False)
+
+
+def join(ctx, arrays: PyTree, layout: Layout, admission: Admission) -> LoopState:
+    """In a replacement, once its layout is made: the state the live processes hold (:func:`share_state`), at the
+    step and data position they are at."""
+    arrays = share_state(ctx, arrays, layout, admission.donor)
+    ctx.history.start_at(admission.position)
+    return LoopState(arrays, layout, step=admission.step, position=admission.position,
+                     incarnations=ctx.cluster.incarnations())
+
+
+def share_state(ctx, arrays: PyTree, layout: Layout, donor: int) -> PyTree:
+    """What every process of a grown job does alike, in the same order: every slice gets the state of the slice at
+    position ``donor`` (:func:`from_peers`), the processes agree on who lives, and checkpoints regroup over them."""
+    with ctx.clock.measure("remesh"):
+        arrays = from_peers(arrays, layout.shardings, donor)
+        jax.block_until_ready(arrays)
+        ctx.cluster.check_step(layout.slices, since=ctx.cluster.incarnations())
+    if ctx.checkpoints is not None:
+        ctx.checkpoints.regroup(slices=layout.slices, since=ctx.cluster.incarnations())
+    return arrays

@@ -1,0 +1,292 @@
+"""A lost process that comes back joins the running job (``cluster=multiprocess``, docs/multiprocess.md, "Rejoin").
+
+With jax 0.10.2 on CPU a replacement cannot take part in the survivors'
+collectives as they stand: gloo's rendezvous keys in the coordination
+service are named after the devices only, and each process keeps its
+communicators for as long as its CPU client lives (XLA's
+``gloo_collectives.cc`` and ``cpu_cliques.cc``). So the survivors take a
+replacement in at a step boundary, all together: they meet it at a barrier,
+the lowest of them deletes the old backend's keys, and every process starts a
+new CPU backend; the train state then reaches the replacement from a peer
+(:func:`from_peers`), with no checkpoint read.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.experimental.multihost_utils import live_devices
+from jax.sharding import NamedSharding
+from jaxtyping import PyTree
+
+from .._mesh import SLICE_AXIS
+from ._coordinator import KEY_PREFIX, noted
+
+RETURNS_DIR_ENV = "ELASTIC_TRAINER_RETURNS_DIR"
+"""Set by the local launcher to a directory where a process that failure injection takes down for a while notes
+when it comes back (``process<i>.returns_at``, its ``time.time()`` then), and where the live processes note that
+they found it lost (``process<i>.lost``). The launcher starts its replacement once both are there, as Kubernetes
+or Slurm's ``--requeue`` would restart a lost task: a replacement that joined before the live processes found
+its predecessor's death would hold their agreement on who lives (``live_devices`` waits for every live process
+it names, and the replacement is live)."""
+
+REFUSED = "refused"
+"""What a replacement reads instead of an :class:`Admission` when the strategy does not take its slice back."""
+
+STALE_KEYS = ("cpu:global_topology/cpu", "cpu:gloo")
+"""What the old CPU backend left in the coordination service's key-value store that a new one must write again:
+its global topology (a key) and gloo's rendezvous (a directory). Each process's local topology is written with
+overwriting allowed."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Admission:
+    """How the live processes take a replacement in, as they tell it.
+
+    :param round: the how-manieth admission of the job (it names the barriers).
+    :param processes: every process of the job once it is in.
+    :param slices: the slices the job goes on with.
+    :param donor: the slice whose state every other slice gets.
+    :param step: the step the job is at.
+    :param position: samples consumed by then.
+    :param dispatched: steps the processes have dispatched (their count of step agreements).
+    :param agreements: how many times the processes agreed on who lives.
+    :param incarnations: the slices' failure counts.
+    :param checkpoint_group: the number of the checkpoint group the processes save in from then on.
+    """
+
+    round: int
+    processes: tuple[int, ...]
+    slices: tuple[int, ...]
+    donor: int
+    step: int
+    position: int
+    dispatched: int
+    agreements: int
+    incarnations: tuple[int, ...]
+    checkpoint_group: int
+
+    def to_json(self) -> str:
+        return json.dumps(dataclasses.asdict(self))
+
+    @classmethod
+    def from_json(cls, text: str) -> Admission:
+        fields = json.loads(text)
+        return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in fields.items()})
+
+
+def restart_backends(client, admission: Admission, *, timeout_s: float) -> None:
+    """Every process of ``admission`` (the survivors and the replacement alike) starts a new CPU backend.
+
+    They meet; the lowest live one deletes the old backend's keys
+    (:data:`STALE_KEYS`); they meet again, and each drops its backend (its
+    gloo communicators go with it) and starts a new one, whose start-up
+    exchanges the topology of every process. Arrays of the old backend must
+    not be used afterwards.
+    """
+    processes = list(admission.processes)
+    client.wait_at_barrier(f"{KEY_PREFIX}rejoin{admission.round}/met", int(timeout_s * 1000), process_ids=processes)
+    if own_process() == min(processes):  # a replacement has no backend yet: it must not start one here
+        client.key_value_delete(STALE_KEYS[0])
+        for key, _ in client.key_value_dir_get_bytes(STALE_KEYS[1]):
+            client.key_value_delete(key)
+    client.wait_at_barrier(f"{KEY_PREFIX}rejoin{admission.round}/clean", int(timeout_s * 1000),
+                           process_ids=processes)
+    jax.clear_caches()
+    jax._src.api.clear_backends()  # noqa: SLF001 - no public way to drop a backend (docs/multiprocess.md, "Rejoin")
+    jax.devices()  # the new backend, started together
+    live_devices.devices = None  # what live_devices last saw are the old backend's devices
+
+
+_joined: Admission | None = None  # this process's admission, if it replaced a lost one
+
+
+def this_process_joined() -> Admission | None:
+    """How the running job took this process in, when it replaced a lost one; ``None`` otherwise."""
+    return _joined
+
+
+def own_process() -> int:
+    """This process's id in the job, known once it joined, without starting a backend (``jax.process_index`` would)."""
+    return jax._src.distributed.global_state.process_id  # noqa: SLF001 - JAX keeps it private
+
+
+def wait_to_be_admitted(client, key: str, *, timeout_s: float) -> Admission | None:
+    """In a replacement: wait until the live processes take it in (their :class:`Admission` under ``key``); ``None``
+    when they refuse it, the job ended first, or ``timeout_s`` passed."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        answer = noted(client, key)
+        if answer is not None:
+            return None if answer == REFUSED else Admission.from_json(answer)
+        if noted(client, "ended") is not None:
+            return None
+        time.sleep(0.2)
+    return None
+
+
+def note_return(client, down_for_s: float) -> None:
+    """Before this process is taken down for ``down_for_s``: tell the launcher when to start its replacement, and
+    the others when to expect it (:meth:`ProcessRejoin.lost_slices_return`)."""
+    directory = os.environ.get(RETURNS_DIR_ENV)
+    if directory is not None:
+        back_at = repr(time.time() + down_for_s)
+        Path(directory, f"process{own_process()}.returns_at").write_text(back_at)
+        client.key_value_set(f"{KEY_PREFIX}returns/{own_process()}", back_at, allow_overwrite=True)
+
+
+def note_lost(processes: Sequence[int]) -> None:
+    """In the lowest live process, once the live ones agreed that ``processes`` died: the launcher may start their
+    replacements (:data:`RETURNS_DIR_ENV`)."""
+    directory = os.environ.get(RETURNS_DIR_ENV)
+    for process in processes if directory is not None else ():
+        Path(directory, f"process{process}.lost").touch()
+
+
+def to_host(arrays: PyTree) -> list[dict[int, np.ndarray]]:
+    """This process's shards of each of ``arrays``' leaves, in host memory, by device id: what a new backend's
+    arrays are made from (:func:`from_host`)."""
+    return [{s.device.id: np.asarray(s.data) for s in leaf.addressable_shards} for leaf in jax.tree.leaves(arrays)]
+
+
+def from_host(host: list[dict[int, np.ndarray]], abstract: PyTree, shardings: PyTree) -> PyTree:
+    """Arrays shaped like ``abstract`` on ``shardings``, each device's shard from ``host`` (:func:`to_host`) where
+    it held one, else zeros (a returning slice's devices, which :func:`from_peers` fills)."""
+    likes, structure = jax.tree.flatten(abstract)
+
+    def make(held: dict[int, np.ndarray], like: jax.ShapeDtypeStruct, sharding: NamedSharding) -> jax.Array:
+        zeros = np.zeros(sharding.shard_shape(like.shape), like.dtype)
+        return jax.make_array_from_single_device_arrays(like.shape, sharding, [
+            jax.device_put(held.get(device.id, zeros), device) for device in sharding.addressable_devices
+        ])
+
+    return structure.unflatten([make(*leaf) for leaf in zip(host, likes, structure.flatten_up_to(shardings))])
+
+
+def from_peers(arrays: PyTree, shardings: PyTree, donor: int) -> PyTree:
+    """``arrays`` with every slice's shards replaced by those of the slice at position ``donor`` of the mesh: a sum
+    over the slices to which only the donor adds anything, so every value is the donor's exactly."""
+    specs = jax.tree.map(lambda s: s.spec, shardings)
+    mesh = jax.tree.leaves(shardings)[0].mesh
+
+    def keep_donors(tree: PyTree) -> PyTree:
+        mine = jax.lax.axis_index(SLICE_AXIS) == donor
+
+        def one(x: jax.Array) -> jax.Array:
+            wide = x.astype(jnp.int32) if x.dtype == jnp.bool_ else x
+            summed = jax.lax.psum(jnp.where(mine, wide, jnp.zeros_like(wide)), SLICE_AXIS)
+            return summed.astype(x.dtype)
+
+        return jax.tree.map(one, tree)
+
+    spread = jax.shard_map(keep_donors, mesh=mesh, in_specs=(specs,), out_specs=specs, check_vma=False)
+    return jax.jit(spread, out_shardings=shardings)(arrays)
+
+
+def donor_of(slices: Sequence[int], returning: Sequence[int]) -> int:
+    """The position in ``slices`` of the first slice that is not returning: the one whose state the others get."""
+    return next(i for i, s in enumerate(slices) if s not in returning)
+
+
+class ProcessRejoin:
+    """The rejoin of :class:`MultiprocessCluster`: a replacement asks to join, the live processes agree on it at
+    the end of a step, and the trainer takes it in at the next step boundary (:meth:`take_in`).
+
+    Mixed into the cluster, whose ``slices``, ``processes_of``, ``initialization_timeout_s``, ``_client``,
+    ``_live``, ``_failures`` and ``_dispatched`` it uses.
+    """
+
+    admission: Admission | None = None
+    """In a replacement: how the live processes took it in (after :meth:`configure_jax`); ``None`` elsewhere."""
+    _returning: frozenset[int] = frozenset()  # processes that asked to join, as the live ones agreed
+    _agreements = 0  # times the live processes agreed on who lives
+    _rounds = 0  # admissions so far
+
+    def _ask_to_join(self) -> bool:
+        """In a process that starts: if this process id ran in the job before (its ``pid`` note is there), it is a
+        replacement: ask the live processes to take it in, and wait for them; ``False`` for a first start.
+
+        Called before this process starts its backend, which it starts together with theirs.
+        """
+        client, process, me = self._client(), own_process(), str(os.getpid())
+        if noted(client, f"pid/{process}") is None:
+            return False
+        client.key_value_set(f"{KEY_PREFIX}join/{process}", me, allow_overwrite=True)
+        admission = wait_to_be_admitted(client, f"admitted/{process}/{me}", timeout_s=self.initialization_timeout_s)
+        if admission is None:
+            raise SystemExit(f"elastic_trainer: process {process} came back, but the job ended, did not take it back "
+                             f"in, or did not within cluster.initialization_timeout_s={self.initialization_timeout_s}.")
+        restart_backends(client, admission, timeout_s=self.initialization_timeout_s)
+        global _joined
+        _joined = self.admission = admission
+        self._rounds = admission.round + 1
+        self._live, self._failures = set(admission.processes), list(admission.incarnations)
+        self._dispatched, self._agreements = admission.dispatched, admission.agreements
+        return True
+
+    def _offer_returns(self) -> None:
+        """Before the processes agree on who lives: the lowest live one notes which replacements asked to join."""
+        self._agreements += 1
+        if own_process() != min(self._live):
+            return
+        asking = [int(key.rsplit("/", 1)[1]) for key, _ in self._client().key_value_dir_get(f"{KEY_PREFIX}join")]
+        asking = sorted(p for p in asking if p not in self._live)
+        if asking:
+            self._client().key_value_set(f"{KEY_PREFIX}asks/{self._agreements}", json.dumps(asking))
+
+    def _hear_returns(self) -> None:
+        """After the agreement: every live process reads which replacements asked (the same for all)."""
+        asked = noted(self._client(), f"asks/{self._agreements}")
+        if asked is not None:
+            self._returning = frozenset(json.loads(asked))
+
+    def lost_slices_return(self, slices: Sequence[int], *, within_s: float) -> bool:
+        """Whether every process of lost ``slices`` is due back within ``within_s``: the local launcher starts a
+        replacement of a process that failure injection took down for a while, when it said (:func:`note_return`).
+        Nothing else is known to come back: another scheduler's replacements join too, but are not waited for."""
+        due = [noted(self._client(), f"returns/{p}") for s in slices for p in self.processes_of(s)]
+        return None not in due and max(map(float, due), default=0) <= time.time() + within_s
+
+    def await_returns(self) -> None:
+        """The live processes agree on who lives (a barrier), and so on the replacements that asked to join."""
+        self._agree_on_live_processes()
+
+    def returning_slices(self) -> list[int]:
+        """Slices whose every process is a replacement that asked to join."""
+        return [s for s in range(self.slices) if set(self.processes_of(s)) <= self._returning]
+
+    def take_in(self, slices: Sequence[int], *, step: int, position: int, checkpoint_group: int) -> None:
+        """At a step boundary, go on with ``slices``: take in the replacements of those returning, refuse the rest.
+
+        Every live process calls this with the same values. When any slice is
+        taken in, every process (the replacements too) starts a new backend
+        (:func:`restart_backends`): the caller drops what lives on the old
+        one first, and moves the state over (:func:`from_peers`) afterwards.
+        """
+        returning = self.returning_slices()
+        joining = sorted(p for s in slices if s in returning for p in self.processes_of(s))
+        admission = Admission(
+            round=self._rounds, processes=tuple(sorted(self._live | set(joining))), slices=tuple(slices),
+            donor=donor_of(slices, returning), step=step, position=position, dispatched=self._dispatched,
+            agreements=self._agreements, incarnations=tuple(self._failures), checkpoint_group=checkpoint_group,
+        )
+        client = self._client()
+        if own_process() == min(self._live):
+            for process in sorted(self._returning):
+                replacement = noted(client, f"join/{process}")
+                client.key_value_delete(f"{KEY_PREFIX}join/{process}")
+                answer = admission.to_json() if process in joining else REFUSED
+                client.key_value_set(f"{KEY_PREFIX}admitted/{process}/{replacement}", answer)
+        self._returning = frozenset()
+        if joining:
+            restart_backends(client, admission, timeout_s=self.initialization_timeout_s)
+            self._live |= set(joining)
+            self._rounds += 1
