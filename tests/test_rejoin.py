@@ -9,7 +9,7 @@ import elastic_trainer as et
 from elastic_trainer._mesh import state_shardings
 from elastic_trainer.clusters import Admission
 from elastic_trainer.clusters._rejoin import donor_of, from_host, from_peers, to_host
-from elastic_trainer.launch._launcher import _due_to_return
+from elastic_trainer.launch._launcher import _due_to_return, _job_ending
 
 
 def slice_values(mesh, sharding, per_slice):
@@ -78,6 +78,14 @@ def test_the_launcher_starts_a_replacement_only_once_it_is_due_and_its_loss_was_
     lost.unlink()
     assert _due_to_return(killed, tmp_path) == []  # due, but the others have not found the loss yet
     lost.touch()
-    assert _due_to_return([0, -9, None], tmp_path) == []  # the job is ending: no one comes back
     assert _due_to_return(killed, tmp_path) == [1]
     assert not back_at.exists() and not lost.exists()  # one replacement per note
+
+
+def test_a_replacement_that_was_not_taken_back_in_does_not_end_the_job():
+    nobody_replaced = [[], [], []]
+    assert not _job_ending([None, -9, None], nobody_replaced)  # killed: the others go on
+    assert _job_ending([None, 0, None], nobody_replaced) and _job_ending([None, 2, None], nobody_replaced)
+    process_1_replaced = [[], [-9], []]
+    assert not _job_ending([None, 1, None], process_1_replaced)  # refused, or came back too late
+    assert _job_ending([None, 0, None], process_1_replaced)  # it trained to the end

@@ -119,18 +119,20 @@ def own_process() -> int:
     return jax._src.distributed.global_state.process_id  # noqa: SLF001 - JAX keeps it private
 
 
-def wait_to_be_admitted(client, key: str, *, timeout_s: float) -> Admission | None:
-    """In a replacement: wait until the live processes take it in (their :class:`Admission` under ``key``); ``None``
-    when they refuse it, the job ended first, or ``timeout_s`` passed."""
+def wait_to_be_admitted(client, key: str, *, timeout_s: float) -> Admission | str:
+    """In a replacement: wait until the live processes take it in (their :class:`Admission` under ``key``); when
+    they do not, why, in words."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         answer = noted(client, key)
+        if answer == REFUSED:
+            return "the strategy did not want its slice back (scale_down takes slices back with strategy.scale_up=true)"
         if answer is not None:
-            return None if answer == REFUSED else Admission.from_json(answer)
+            return Admission.from_json(answer)
         if noted(client, "ended") is not None:
-            return None
+            return "the job ended before taking it back in"
         time.sleep(0.2)
-    return None
+    return f"the live processes did not take it back in within cluster.initialization_timeout_s={timeout_s:g}"
 
 
 def note_return(client, down_for_s: float) -> None:
@@ -221,9 +223,8 @@ class ProcessRejoin:
             return False
         client.key_value_set(f"{KEY_PREFIX}join/{process}", me, allow_overwrite=True)
         admission = wait_to_be_admitted(client, f"admitted/{process}/{me}", timeout_s=self.initialization_timeout_s)
-        if admission is None:
-            raise SystemExit(f"elastic_trainer: process {process} came back, but the job ended, did not take it back "
-                             f"in, or did not within cluster.initialization_timeout_s={self.initialization_timeout_s}.")
+        if isinstance(admission, str):  # it ends, and the launcher does not take that for the job's end
+            raise SystemExit(f"elastic_trainer: process {process} came back, but {admission}; it ends.")
         restart_backends(client, admission, timeout_s=self.initialization_timeout_s)
         global _joined
         _joined = self.admission = admission

@@ -115,10 +115,10 @@ def _run_processes(
                 if code is not None and exited_at[i] is None:
                     exited_at[i] = time.time()
             _say_who_ended(codes, seen, run_dir=run_dir)
-            for i in _due_to_return(codes, run_dir):
+            for i in [] if _job_ending(codes, replaced) else _due_to_return(codes, run_dir):
                 replaced[i].append(codes[i])
                 processes[i], seen[i], exited_at[i] = start(i), None, None
-            if first_end is None and any(c is not None and c >= 0 for c in codes):
+            if first_end is None and _job_ending(codes, replaced):
                 first_end = time.monotonic()  # a process ended by itself: the others follow soon
             if first_end is not None and time.monotonic() - first_end > FOLLOW_S:
                 print(f"elastic_trainer: launcher: processes still running {FOLLOW_S:g} s after another ended; "
@@ -137,11 +137,15 @@ def _run_processes(
     return {"exit_codes": codes, "exited_at": exited_at, "pids": pids, "replaced_exit_codes": replaced}
 
 
+def _job_ending(codes: list[int | None], replaced: list[list[int]]) -> bool:
+    """Whether a process ended by itself (done, stopped, asking for a restart): the others follow. A replacement
+    that ended without success was not taken back in (it says why), and the job goes on without it."""
+    return any(c is not None and (c == 0 or c > 0 and not replaced[i]) for i, c in enumerate(codes))
+
+
 def _due_to_return(codes: list[int | None], run_dir: Path) -> list[int]:
     """The processes taken down (killed) whose time to come back has come and whose loss the others have found
-    (:data:`RETURNS_DIR_ENV`), while the job runs on."""
-    if all(c is not None for c in codes) or any(c is not None and c >= 0 for c in codes):
-        return []  # the job is over or ending: no one comes back
+    (:data:`RETURNS_DIR_ENV`)."""
     due = []
     for i, code in enumerate(codes):
         back_at, lost = run_dir / f"process{i}.returns_at", run_dir / f"process{i}.lost"
