@@ -119,7 +119,8 @@ class Layouts:
         if set(returning) & set(target):
             return self._take_back(state, target, returning)
         if returning:  # not wanted back: refused
-            self._cluster.take_in(target, step=state.step, position=state.position, checkpoint_group=0)
+            self._cluster.take_in(target, step=state.step, position=state.position, checkpoint_group=0,
+                                  before_restart=lambda: None)
         if target == layout.slices:
             return dataclasses.replace(state, at_boundary=False)
         begin = time.time()

@@ -19,12 +19,13 @@ def take_back(ctx, state: LoopState, slices: Sequence[int], returning: Sequence[
     """In a live process, at a step boundary: go on with ``slices``, some of them ``returning`` (their processes
     are replacements that asked to join). ``ctx`` is the trainer's :class:`~elastic_trainer._recovery.TrainingContext`.
 
-    The saves under way commit first and the compile under way ends; the
-    state goes to host memory (this process's shards); every compiled step
-    is forgotten and the cluster restarts the backend with the replacements
-    (:meth:`~elastic_trainer.clusters.MultiprocessCluster.take_in`); then the
-    layout of ``slices`` is made on the new backend and the state moves to it,
-    the returning slices' part from a live slice's (:func:`share_state`).
+    The saves under way commit first; the state goes to host memory (this
+    process's shards); the cluster restarts the backend with the
+    replacements (:meth:`~elastic_trainer.clusters.MultiprocessCluster.take_in`),
+    every compiled step forgotten once the compile under way has ended; then
+    the layout of ``slices`` is made on the new backend and the state moves to
+    it, the returning slices' part from a live slice's (:func:`share_state`).
+    When the replacements do not come to be taken in, the state stays as it is.
     """
     begin, old = time.time(), state.layout
     if ctx.checkpoints is not None:
@@ -33,9 +34,11 @@ def take_back(ctx, state: LoopState, slices: Sequence[int], returning: Sequence[
             raise stopped
     with ctx.clock.measure("remesh"):
         host = to_host(state.arrays)
-        ctx.step_cache.restart()
-        ctx.cluster.take_in(slices, step=state.step, position=state.position,
-                            checkpoint_group=ctx.checkpoints.checkpointer.groups + 1 if ctx.checkpoints else 0)
+        group = ctx.checkpoints.checkpointer.groups + 1 if ctx.checkpoints else 0
+        taken = ctx.cluster.take_in(slices, step=state.step, position=state.position, checkpoint_group=group,
+                                    before_restart=ctx.step_cache.restart)
+    if not taken:  # the replacements did not come: the job goes on as it was
+        return dataclasses.replace(state, at_boundary=False)
     new = ctx.layouts.make(slices)
     arrays = share_state(ctx, from_host(host, ctx.abstract, new.shardings), new, donor_of(new.slices, returning))
     joined = tuple(p for s in returning for p in ctx.cluster.processes_of(s))

@@ -4,11 +4,14 @@ admission's record, and when the launcher starts a replacement (tests/test_multi
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 import elastic_trainer as et
 from elastic_trainer._mesh import state_shardings
 from elastic_trainer.clusters import Admission
-from elastic_trainer.clusters._rejoin import donor_of, from_host, from_peers, to_host
+from elastic_trainer.clusters import _rejoin
+from elastic_trainer.clusters._coordinator import KEY_PREFIX
+from elastic_trainer.clusters._rejoin import REFUSED, ProcessRejoin, donor_of, from_host, from_peers, to_host
 from elastic_trainer.launch._launcher import _due_to_return, _job_ending
 
 
@@ -89,3 +92,77 @@ def test_a_replacement_that_was_not_taken_back_in_does_not_end_the_job():
     process_1_replaced = [[], [-9], []]
     assert not _job_ending([None, 1, None], process_1_replaced)  # refused, or came back too late
     assert _job_ending([None, 0, None], process_1_replaced)  # it trained to the end
+
+
+class FakeClient:
+    """The coordination service's key-value store and barriers as a dict; a barrier named in ``missing`` times
+    out (a process it waits for never comes)."""
+
+    def __init__(self, missing=()):
+        self.store, self.barriers, self.missing = {}, [], missing
+
+    def key_value_try_get(self, key):
+        if key not in self.store:
+            raise KeyError(key)
+        return self.store[key]
+
+    def key_value_set(self, key, value, allow_overwrite=False):
+        self.store[key] = value
+
+    def key_value_delete(self, key):
+        self.store.pop(key, None)
+
+    def key_value_dir_get(self, directory):
+        return [(k, v) for k, v in self.store.items() if k.startswith(directory + "/")]
+
+    def wait_at_barrier(self, name, timeout_ms, process_ids):
+        self.barriers.append((name.rsplit("/", 1)[1], tuple(process_ids)))
+        if name.rsplit("/", 1)[1] in self.missing:
+            raise jax.errors.JaxRuntimeError("DEADLINE_EXCEEDED: Barrier timed out")
+
+
+class ThreeProcesses(ProcessRejoin):
+    """The rejoin of a job of 3 one-process slices as process 0 sees it, process 1 lost."""
+
+    slices, initialization_timeout_s, barrier_timeout_s = 3, 60, 30
+
+    def __init__(self, client):
+        self._client = lambda: client
+        self._live, self._failures, self._dispatched = {0, 2}, [0, 1, 0], 7
+
+    def processes_of(self, index):
+        return range(index, index + 1)
+
+
+@pytest.fixture
+def process_0(monkeypatch):
+    monkeypatch.setattr(_rejoin, "own_process", lambda: 0)
+
+
+def test_live_processes_hear_of_a_replacement_where_they_agree_and_answer_it_when_taking_it_in(process_0):
+    client = FakeClient(missing={"met"})
+    cluster = ThreeProcesses(client)
+    client.key_value_set(f"{KEY_PREFIX}join/1", "4242")  # the replacement of process 1, OS pid 4242, asks
+    cluster._offer_returns()
+    cluster._hear_returns()
+    assert cluster.returning_slices() == [1]
+    restarted = []
+    # it asked, then died: the barrier where every process meets times out, and the job goes on as it was
+    assert not cluster.take_in((0, 1, 2), step=5, position=240, checkpoint_group=2,
+                               before_restart=lambda: restarted.append(True))
+    assert client.barriers == [("met", (0, 1, 2))] and restarted == []
+    assert cluster._live == {0, 2} and cluster.returning_slices() == []
+    admission = Admission.from_json(client.store[f"{KEY_PREFIX}admitted/1/4242"])
+    assert (admission.processes, admission.slices, admission.donor, admission.step) == ((0, 1, 2), (0, 1, 2), 0, 5)
+    assert (admission.dispatched, admission.incarnations, admission.checkpoint_group) == (7, (0, 1, 0), 2)
+    assert f"{KEY_PREFIX}join/1" not in client.store
+
+
+def test_a_replacement_whose_slice_is_not_wanted_is_refused_without_restarting_anything(process_0):
+    client = FakeClient()
+    cluster = ThreeProcesses(client)
+    client.key_value_set(f"{KEY_PREFIX}join/1", "4242")
+    cluster._offer_returns()
+    cluster._hear_returns()
+    assert not cluster.take_in((0, 2), step=5, position=240, checkpoint_group=0, before_restart=lambda: None)
+    assert client.store[f"{KEY_PREFIX}admitted/1/4242"] == REFUSED and client.barriers == []

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import abc
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import jax
 from jaxtyping import PyTree
@@ -109,11 +109,14 @@ class AbstractCluster(abc.ABC):
         """
         return []
 
-    def take_in(self, slices: Sequence[int], *, step: int, position: int, checkpoint_group: int) -> None:
-        """At a step boundary the run goes on with ``slices``: take in those of them returning, refuse the others.
+    def take_in(self, slices: Sequence[int], *, step: int, position: int, checkpoint_group: int,
+                before_restart: Callable[[], None]) -> bool:
+        """At a step boundary the run goes on with ``slices``: take in those of them returning, refuse the others;
+        whether any was taken in (the state must then move onto the new backend's devices).
 
         ``step``, ``position`` and ``checkpoint_group`` are what the
-        replacements start from. Only a cluster with returning slices is asked.
+        replacements start from; ``before_restart`` lets go of what runs on
+        the backend before it restarts. Only a cluster with returning slices is asked.
         """
         raise NotImplementedError(f"{type(self).__name__} has no returning slices to take in")
 

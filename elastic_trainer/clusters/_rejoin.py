@@ -16,8 +16,9 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import jax
@@ -83,27 +84,34 @@ class Admission:
         return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in fields.items()})
 
 
-def restart_backends(client, admission: Admission, *, timeout_s: float) -> None:
-    """Every process of ``admission`` (the survivors and the replacement alike) starts a new CPU backend.
+def restart_backends(client, admission: Admission, *, timeout_s: float,
+                     before_restart: Callable[[], None] = lambda: None) -> bool:
+    """Every process of ``admission`` (the survivors and the replacements alike) starts a new CPU backend; ``False``
+    when not every one of them came to meet within ``timeout_s`` (a replacement died after asking to join), and
+    nothing was done.
 
-    They meet; the lowest live one deletes the old backend's keys
-    (:data:`STALE_KEYS`); they meet again, and each drops its backend (its
-    gloo communicators go with it) and starts a new one, whose start-up
-    exchanges the topology of every process. Arrays of the old backend must
-    not be used afterwards.
+    They meet; each does ``before_restart``; the lowest deletes the old
+    backend's keys (:data:`STALE_KEYS`); they meet again, and each drops its
+    backend (its gloo communicators go with it) and starts a new one, whose
+    start-up exchanges the topology of every process. Arrays of the old
+    backend must not be used afterwards.
     """
-    processes = list(admission.processes)
-    client.wait_at_barrier(f"{KEY_PREFIX}rejoin{admission.round}/met", int(timeout_s * 1000), process_ids=processes)
+    processes, barrier = list(admission.processes), f"{KEY_PREFIX}rejoin{admission.round}"
+    try:
+        client.wait_at_barrier(f"{barrier}/met", int(timeout_s * 1000), process_ids=processes)
+    except jax.errors.JaxRuntimeError:  # timed out for every process that came: none has changed anything
+        return False
+    before_restart()
     if own_process() == min(processes):  # a replacement has no backend yet: it must not start one here
         client.key_value_delete(STALE_KEYS[0])
         for key, _ in client.key_value_dir_get_bytes(STALE_KEYS[1]):
             client.key_value_delete(key)
-    client.wait_at_barrier(f"{KEY_PREFIX}rejoin{admission.round}/clean", int(timeout_s * 1000),
-                           process_ids=processes)
+    client.wait_at_barrier(f"{barrier}/clean", int(timeout_s * 1000), process_ids=processes)
     jax.clear_caches()
     jax._src.api.clear_backends()  # noqa: SLF001 - no public way to drop a backend (docs/multiprocess.md, "Rejoin")
     jax.devices()  # the new backend, started together
     live_devices.devices = None  # what live_devices last saw are the old backend's devices
+    return True
 
 
 _joined: Admission | None = None  # this process's admission, if it replaced a lost one
@@ -202,8 +210,8 @@ class ProcessRejoin:
     """The rejoin of :class:`MultiprocessCluster`: a replacement asks to join, the live processes agree on it at
     the end of a step, and the trainer takes it in at the next step boundary (:meth:`take_in`).
 
-    Mixed into the cluster, whose ``slices``, ``processes_of``, ``initialization_timeout_s``, ``_client``,
-    ``_live``, ``_failures`` and ``_dispatched`` it uses.
+    Mixed into the cluster, whose ``slices``, ``processes_of``, ``initialization_timeout_s``,
+    ``barrier_timeout_s``, ``_client``, ``_live``, ``_failures`` and ``_dispatched`` it uses.
     """
 
     admission: Admission | None = None
@@ -225,7 +233,9 @@ class ProcessRejoin:
         admission = wait_to_be_admitted(client, f"admitted/{process}/{me}", timeout_s=self.initialization_timeout_s)
         if isinstance(admission, str):  # it ends, and the launcher does not take that for the job's end
             raise SystemExit(f"elastic_trainer: process {process} came back, but {admission}; it ends.")
-        restart_backends(client, admission, timeout_s=self.initialization_timeout_s)
+        if not restart_backends(client, admission, timeout_s=self.barrier_timeout_s):
+            raise SystemExit(f"elastic_trainer: process {process} came back, but not every process came to take it "
+                             f"in within cluster.barrier_timeout_s={self.barrier_timeout_s}; it ends.")
         global _joined
         _joined = self.admission = admission
         self._rounds = admission.round + 1
@@ -264,13 +274,17 @@ class ProcessRejoin:
         """Slices whose every process is a replacement that asked to join."""
         return [s for s in range(self.slices) if set(self.processes_of(s)) <= self._returning]
 
-    def take_in(self, slices: Sequence[int], *, step: int, position: int, checkpoint_group: int) -> None:
-        """At a step boundary, go on with ``slices``: take in the replacements of those returning, refuse the rest.
+    def take_in(self, slices: Sequence[int], *, step: int, position: int, checkpoint_group: int,
+                before_restart: Callable[[], None]) -> bool:
+        """At a step boundary, go on with ``slices``: take in the replacements of those returning, refuse the rest;
+        whether any was taken in.
 
         Every live process calls this with the same values. When any slice is
         taken in, every process (the replacements too) starts a new backend
-        (:func:`restart_backends`): the caller drops what lives on the old
-        one first, and moves the state over (:func:`from_peers`) afterwards.
+        (:func:`restart_backends`): ``before_restart`` lets go of what runs on
+        the old one, and the caller moves the state over (:func:`from_peers`)
+        afterwards. A replacement that does not come to meet (it died after
+        asking) is given up, and the job goes on as it was.
         """
         returning = self.returning_slices()
         joining = sorted(p for s in slices if s in returning for p in self.processes_of(s))
@@ -287,7 +301,12 @@ class ProcessRejoin:
                 answer = admission.to_json() if process in joining else REFUSED
                 client.key_value_set(f"{KEY_PREFIX}admitted/{process}/{replacement}", answer)
         self._returning = frozenset()
-        if joining:
-            restart_backends(client, admission, timeout_s=self.initialization_timeout_s)
-            self._live |= set(joining)
-            self._rounds += 1
+        self._rounds += 1  # a round given up is not met again: its barriers' names are not used twice
+        if not joining:
+            return False
+        if not restart_backends(client, admission, timeout_s=self.barrier_timeout_s, before_restart=before_restart):
+            print(f"elastic_trainer: process(es) {joining} asked to join but did not come to be taken in within "
+                  f"cluster.barrier_timeout_s={self.barrier_timeout_s}; going on without them", file=sys.stderr)
+            return False
+        self._live |= set(joining)
+        return True
