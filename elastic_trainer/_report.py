@@ -85,6 +85,11 @@ def summary_table(report: dict[str, Any]) -> Table:
             f"{failure['slices_before']} -> {failure['slices_after']} slices, from {failure['restored_from']}, "
             f"{failure['lost_steps']} steps lost, {recovered}",
         )
+    for resize in report["resizes"]:
+        if resize.get("state_from_peer"):
+            table.add_row(f"rejoined @ {resize['step']}",
+                          f"process(es) {resize['state_from_peer']} back, their state from a live peer: "
+                          f"{resize['slices_before']} -> {resize['slices_after']} slices in {resize['seconds']:.1f} s")
     for straggler in report.get("stragglers", []):
         recovered = straggler["recovered_at_step"]
         table.add_row(f"straggler @ {straggler['detected_at_step']}",
