@@ -150,3 +150,33 @@ def test_scale_down_never_drops_below_min_slice_count(make):
     strategy = ScaleDown(drop_stragglers=True, min_slice_count=4, compile_ahead=False)
     _, report = make(strategy=strategy, plugins=[Chaos(failures=[{"at_step": SLOW_FROM, "slice": 2, "slow": 3}])]).fit()
     assert [s["slice"] for s in report["stragglers"]] == [2] and report["resizes"] == []
+
+
+class OlderCluster(et.AbstractInjectableCluster):
+    """A third party's injectable cluster written before slices could be slowed: it has no slow_slice."""
+
+    kind = "older"
+
+    def configure_jax(self) -> None:
+        pass
+
+    def slice_devices(self):
+        return [jax.devices()[:2]]
+
+    def describe(self) -> dict:
+        return {"kind": self.kind}
+
+    def healthy_slices(self) -> list[int]:
+        return [0]
+
+    def fail_slice(self, index: int, *, down_for_s: float) -> None:
+        pass
+
+    def hang_slice(self, index: int, *, down_for_s: float) -> None:
+        pass
+
+
+def test_an_injectable_cluster_without_slow_slice_still_builds_and_refuses_to_slow_a_slice():
+    cluster = OlderCluster()
+    with pytest.raises(et.ConfigError, match="OlderCluster cannot slow a slice down; drop the chaos entry's slow key"):
+        cluster.slow_slice(0, factor=3, for_s=1)

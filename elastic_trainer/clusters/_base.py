@@ -8,6 +8,8 @@ from collections.abc import Callable, Sequence
 import jax
 from jaxtyping import PyTree
 
+from .._failures import ConfigError
+
 
 class AbstractCluster(abc.ABC):
     """A set of devices grouped into slices of equal size."""
@@ -143,6 +145,12 @@ class AbstractInjectableCluster(AbstractCluster):
     def hang_slice(self, index: int, *, down_for_s: float) -> None:
         """Hang slice ``index`` now: a step that uses it does not finish for ``down_for_s`` seconds."""
 
-    @abc.abstractmethod
     def slow_slice(self, index: int, *, factor: float, for_s: float) -> None:
-        """Slow slice ``index`` down now: for ``for_s`` seconds its steps take ``factor`` times as long."""
+        """Slow slice ``index`` down now: for ``for_s`` seconds its steps take ``factor`` times as long.
+
+        Not abstract, so that an injectable cluster written before slowing
+        existed still builds; one that does not override it refuses chaos's
+        ``slow`` key with a :class:`~elastic_trainer.ConfigError`.
+        """
+        raise ConfigError(f"{type(self).__name__} cannot slow a slice down; drop the chaos entry's slow key, or "
+                          "implement slow_slice on the cluster.")
