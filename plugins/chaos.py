@@ -175,7 +175,7 @@ class Chaos:
                 self._fired.add(index)
                 self._remember(trainer)
                 if failure.process is not None:
-                    trainer.cluster.fail_process(failure.slice, failure.process)
+                    trainer.cluster.fail_process(failure.slice, failure.process, down_for_s=failure.down_for_s)
                     continue
                 if failure.slow is not None:
                     trainer.cluster.slow_slice(failure.slice, factor=failure.slow, for_s=failure.down_for_s)

@@ -264,3 +264,29 @@ def test_scale_down_takes_a_returning_process_back_in_and_ends_with_the_failure_
     trainer.checkpointer.close()
     (final,) = saved_states(run_dir / "checkpoints").values()
     assert_same_arrays(final, saved_states(directory)[REJOIN_STEPS], "the final state")
+
+
+@pytest.mark.slow  # python -m pytest -m slow
+def test_a_slice_of_two_processes_comes_back_whole_under_pause_resume(run_dir, tmp_path_factory):
+    """2 slices of 2 processes (1 device each): process 2 killed during step 6 and back after 1 s; its partner,
+    process 3, leaves with it and comes back with it. pause_resume takes both replacements in, their state from
+    slice 0, and every checkpoint holds the failure-free state of its step."""
+    cluster = [*processes(4), "cluster.processes_per_slice=2", "cluster.devices_per_process=1"]
+    result = run_cli(*CLI_TINY, *cluster, "+strategy=pause_resume", "+chaos=schedule",
+                     "chaos.failures=[{at_step: 5, slice: 1, process: 0, down_for_s: 1}]", f"hydra.run.dir={run_dir}")
+    assert result.returncode == 0, result.stderr
+    report = report_of(run_dir)
+    (failure,) = report["failures"]
+    assert (failure["slices"], failure["processes"], failure["restored_from"], failure["lost_steps"]) == \
+        ([1], [2, 3], "replica", 0)
+    assert [(r["reason"], r["slices"], r.get("state_from_peer")) for r in report["resizes"]] == [
+        ("failure", [0], None), ("rejoined", [0, 1], [2, 3])]
+    (attempt,) = report["process_exits"]
+    assert attempt["exit_codes"] == [0, 0, 0, 0]
+    assert attempt["replaced_exit_codes"] == [[], [], [-signal.SIGKILL], [-signal.SIGKILL]]
+    assert report["samples"] == {"consumed": 12 * 48, "duplicated": 0, "skipped": 0}
+    on_disk = saved_states(run_dir / "checkpoints")
+    assert set(on_disk) == {3, 6, 9, 12}
+    expected = saved_states(reference_checkpoints(processes(2), tmp_path_factory))  # 2 slices of 2 devices
+    for step in on_disk:
+        assert_same_arrays(on_disk[step], expected[step], f"the checkpoint of step {step}")

@@ -39,15 +39,17 @@ class ProcessFailureInjection:
             note_return(self._client(), down_for_s)
             os.kill(os.getpid(), signal.SIGKILL)
 
-    def fail_process(self, index: int, position: int) -> None:
+    def fail_process(self, index: int, position: int, *, down_for_s: float = 1e9) -> None:
         """Kill one process of slice ``index``, the one at ``position`` in it; the others of the slice then
-        leave the job (a slice goes down whole) and the rest go on."""
+        leave the job (a slice goes down whole) and the rest go on. After ``down_for_s`` the whole slice comes
+        back, as :meth:`fail_slice`'s does."""
         self._check_index(index)
         if not 0 <= position < self.processes_per_slice:
             raise ConfigError(f"slice {index} has processes at positions 0 to {self.processes_per_slice - 1}, "
                               f"not {position}; cluster.processes_per_slice is {self.processes_per_slice}.")
         if jax.process_index() == self.processes_of(index)[position]:
             say_down(self._client())
+            note_return(self._client(), down_for_s)
             os.kill(os.getpid(), signal.SIGKILL)
 
     def slow_slice(self, index: int, *, factor: float, for_s: float) -> None:

@@ -143,12 +143,13 @@ def wait_to_be_admitted(client, key: str, *, timeout_s: float) -> Admission | st
     return f"the live processes did not take it back in within cluster.initialization_timeout_s={timeout_s:g}"
 
 
-def note_return(client, down_for_s: float) -> None:
-    """Before this process is taken down for ``down_for_s``: tell the launcher when to start its replacement, and
-    the others when to expect it (:meth:`ProcessRejoin.lost_slices_return`)."""
+def note_return(client, down_for_s: float, *, back_at: float | None = None) -> None:
+    """Before this process is taken down for ``down_for_s`` (or until ``back_at``, a ``time.time()``): tell the
+    launcher when to start its replacement, and the others when to expect it
+    (:meth:`ProcessRejoin.lost_slices_return`)."""
     directory = os.environ.get(RETURNS_DIR_ENV)
     if directory is not None:
-        back_at = repr(time.time() + down_for_s)
+        back_at = repr(time.time() + down_for_s if back_at is None else back_at)
         Path(directory, f"process{own_process()}.returns_at").write_text(back_at)
         client.key_value_set(f"{KEY_PREFIX}returns/{own_process()}", back_at, allow_overwrite=True)
 
@@ -265,6 +266,14 @@ class ProcessRejoin:
         Nothing else is known to come back: another scheduler's replacements join too, but are not waited for."""
         due = [noted(self._client(), f"returns/{p}") for s in slices for p in self.processes_of(s)]
         return None not in due and max(map(float, due), default=0) <= time.time() + within_s
+
+    def _return_with_the_dead(self, slice_processes: Sequence[int]) -> None:
+        """In a live process that leaves with its lost slice: when the dead ones of the slice come back, come back
+        with them (the slice returns whole)."""
+        dead = [p for p in slice_processes if p not in self._live]
+        due = [noted(self._client(), f"returns/{p}") for p in dead]
+        if dead and None not in due:
+            note_return(self._client(), 0, back_at=max(map(float, due)))
 
     def await_returns(self) -> None:
         """The live processes agree on who lives (a barrier), and so on the replacements that asked to join."""
