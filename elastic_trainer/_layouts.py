@@ -109,7 +109,7 @@ class Layouts:
         from the slices kept (each holds a full copy). Slices returning to a
         runtime that must take them in (:meth:`AbstractCluster.returning_slices`)
         are offered as healthy, and taken back in with ``take_back`` when the
-        plugins want them, refused otherwise.
+        plugins want them (until then they wait).
         """
         layout = state.layout
         healthy = self._hooks.et_slice_health(trainer=self._view)
@@ -118,9 +118,6 @@ class Layouts:
         target = layout.slices if target is None else tuple(sorted(target))
         if set(returning) & set(target):
             return self._take_back(state, target, returning)
-        if returning:  # not wanted back: refused
-            self._cluster.take_in(target, step=state.step, position=state.position, checkpoint_group=0,
-                                  before_restart=lambda: None)
         if target == layout.slices:
             return dataclasses.replace(state, at_boundary=False)
         begin = time.time()

@@ -101,7 +101,9 @@ def test_scale_down_drops_a_slow_process_found_a_straggler_and_goes_on_without_i
     assert [(r["step"], r["reason"], r["slices"]) for r in report["resizes"]] == [(4, "dropped", [0])]
     assert report["samples"] == {"consumed": 12 * 48, "duplicated": 0, "skipped": 0}
     (attempt,) = report["process_exits"]
-    assert attempt["exit_codes"] == [0, -signal.SIGKILL]  # it left as a lost slice's live processes leave
+    # it left as a lost slice's live processes leave; its replacement waited to be wanted back (after
+    # strategy.drop_for_steps, 20) until the job ended, and ended saying so
+    assert attempt["exit_codes"] == [0, 1] and attempt["replaced_exit_codes"] == [[], [-signal.SIGKILL]]
     events = [json.loads(line)["event"] for line in (run_dir / "events.jsonl").read_text().splitlines()]
     assert events.index("straggler") < events.index("resize")
     on_disk = saved_states(run_dir / "checkpoints")
@@ -290,3 +292,33 @@ def test_a_slice_of_two_processes_comes_back_whole_under_pause_resume(run_dir, t
     expected = saved_states(reference_checkpoints(processes(2), tmp_path_factory))  # 2 slices of 2 devices
     for step in on_disk:
         assert_same_arrays(on_disk[step], expected[step], f"the checkpoint of step {step}")
+
+
+@pytest.mark.slow  # python -m pytest -m slow
+def test_a_dropped_straggler_comes_back_as_a_replacement_after_drop_for_steps(run_dir, tmp_path_factory):
+    """Process 1 of 2 slowed 3 times: dropped as a straggler, its process leaves and its replacement starts at
+    once; scale_down takes it back in once strategy.drop_for_steps have passed and it asked, its state from
+    process 0. It is not slow (the slowness was the old process's), so it stays; the final state is the
+    failure-free run's."""
+    steps = ["trainer.steps=150", "checkpoint.period=150"]
+    result = run_cli(*CLI_TINY, *steps, *processes(2), "trainer.straggler_steps=3", "+strategy=scale_down",
+                     "strategy.drop_stragglers=true", "strategy.drop_for_steps=5", "+chaos=schedule",
+                     "chaos.failures=[{at_step: 1, slice: 1, slow: 3}]", f"hydra.run.dir={run_dir}")
+    assert result.returncode == 0, result.stderr
+    report = report_of(run_dir)
+    assert report["steps_completed"] == 150 and report["failures"] == []
+    (drop, back) = report["resizes"]
+    assert (drop["reason"], drop["slices"]) == ("dropped", [0])
+    assert (back["reason"], back["slices"], back["state_from_peer"]) == ("rejoined", [0, 1], [1])
+    assert drop["step"] + 5 <= back["step"] < 150
+    [straggler] = report["stragglers"]
+    assert straggler["recovered_at_step"] is not None
+    (attempt,) = report["process_exits"]
+    assert attempt["exit_codes"] == [0, 0] and attempt["replaced_exit_codes"] == [[], [-signal.SIGKILL]]
+    assert report["samples"] == {"consumed": 150 * 48, "duplicated": 0, "skipped": 0}
+    directory = tmp_path_factory.mktemp("failure_free_straggler") / "checkpoints"
+    trainer = build_trainer(compose_config(*CLI_TINY, *steps, "cluster.slices=2", f"checkpoint.dir={directory}"))
+    trainer.fit()
+    trainer.checkpointer.close()
+    (final,) = saved_states(run_dir / "checkpoints").values()
+    assert_same_arrays(final, saved_states(directory)[150], "the final state")

@@ -11,7 +11,7 @@ from elastic_trainer._mesh import state_shardings
 from elastic_trainer.clusters import Admission
 from elastic_trainer.clusters import _rejoin
 from elastic_trainer.clusters._coordinator import KEY_PREFIX
-from elastic_trainer.clusters._rejoin import REFUSED, ProcessRejoin, donor_of, from_host, from_peers, to_host
+from elastic_trainer.clusters._rejoin import ProcessRejoin, donor_of, from_host, from_peers, to_host
 from elastic_trainer.launch._launcher import _due_to_return, _job_ending
 
 
@@ -158,11 +158,14 @@ def test_live_processes_hear_of_a_replacement_where_they_agree_and_answer_it_whe
     assert f"{KEY_PREFIX}join/1" not in client.store
 
 
-def test_a_replacement_whose_slice_is_not_wanted_is_refused_without_restarting_anything(process_0):
+def test_a_replacement_is_returning_only_while_it_asks(process_0):
     client = FakeClient()
     cluster = ThreeProcesses(client)
     client.key_value_set(f"{KEY_PREFIX}join/1", "4242")
     cluster._offer_returns()
     cluster._hear_returns()
-    assert not cluster.take_in((0, 2), step=5, position=240, checkpoint_group=0, before_restart=lambda: None)
-    assert client.store[f"{KEY_PREFIX}admitted/1/4242"] == REFUSED and client.barriers == []
+    assert cluster.returning_slices() == [1]
+    client.key_value_delete(f"{KEY_PREFIX}join/1")  # it gave up waiting to be wanted, and ended
+    cluster._offer_returns()
+    cluster._hear_returns()
+    assert cluster.returning_slices() == [] and client.barriers == []

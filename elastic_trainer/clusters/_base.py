@@ -113,8 +113,8 @@ class AbstractCluster(abc.ABC):
 
     def take_in(self, slices: Sequence[int], *, step: int, position: int, checkpoint_group: int,
                 before_restart: Callable[[], None]) -> bool:
-        """At a step boundary the run goes on with ``slices``: take in those of them returning, refuse the others;
-        whether any was taken in (the state must then move onto the new backend's devices).
+        """At a step boundary the run goes on with ``slices``, some of them returning: take those in; whether any
+        was (the state must then move onto the new backend's devices).
 
         ``step``, ``position`` and ``checkpoint_group`` are what the
         replacements start from; ``before_restart`` lets go of what runs on

@@ -386,16 +386,6 @@ class MultiprocessCluster(ProcessRejoin, ProcessFailureInjection, AbstractInject
     def _leave_with_lost_slice(self, message: str) -> None:
         """This process lives but its slice is lost: go too (SIGKILL, as the slice's dead process went), saying why."""
         say_down(self._client())
-        self._return_with_the_dead(self.processes_of(jax.process_index() // self.processes_per_slice))
+        self._note_own_return(self.processes_of(jax.process_index() // self.processes_per_slice))
         print(f"elastic_trainer: process {jax.process_index()} leaves the job: {message}", file=sys.stderr, flush=True)
         os.kill(os.getpid(), signal.SIGKILL)
-
-    def release(self, slices: Sequence[int]) -> None:
-        """``slices`` are no longer used: their processes leave the job (a process outside every mesh cannot stay
-        in it) as a lost slice's live processes do; the others stop waiting for them at once."""
-        leaving = {p for s in slices for p in self.processes_of(s)} & self._live
-        if jax.process_index() in leaving:
-            self._leave_with_lost_slice(f"slice(s) {sorted(slices)} were dropped by the strategy")
-        self._live -= leaving
-        for s in slices:
-            self._failures[s] += 1

@@ -39,9 +39,6 @@ or Slurm's ``--requeue`` would restart a lost task: a replacement that joined be
 its predecessor's death would hold their agreement on who lives (``live_devices`` waits for every live process
 it names, and the replacement is live)."""
 
-REFUSED = "refused"
-"""What a replacement reads instead of an :class:`Admission` when the strategy does not take its slice back."""
-
 STALE_KEYS = ("cpu:global_topology/cpu", "cpu:gloo")
 """What the old CPU backend left in the coordination service's key-value store that a new one must write again:
 its global topology (a key) and gloo's rendezvous (a directory). Each process's local topology is written with
@@ -133,14 +130,13 @@ def wait_to_be_admitted(client, key: str, *, timeout_s: float) -> Admission | st
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         answer = noted(client, key)
-        if answer == REFUSED:
-            return "the strategy did not want its slice back (scale_down takes slices back with strategy.scale_up=true)"
         if answer is not None:
             return Admission.from_json(answer)
         if noted(client, "ended") is not None:
             return "the job ended before taking it back in"
         time.sleep(0.2)
-    return f"the live processes did not take it back in within cluster.initialization_timeout_s={timeout_s:g}"
+    return (f"the strategy did not take its slice back within cluster.initialization_timeout_s={timeout_s:g} "
+            "(scale_down takes slices back with strategy.scale_up=true)")
 
 
 def note_return(client, down_for_s: float, *, back_at: float | None = None) -> None:
@@ -212,7 +208,8 @@ class ProcessRejoin:
     the end of a step, and the trainer takes it in at the next step boundary (:meth:`take_in`).
 
     Mixed into the cluster, whose ``slices``, ``processes_of``, ``initialization_timeout_s``,
-    ``barrier_timeout_s``, ``_client``, ``_live``, ``_failures`` and ``_dispatched`` it uses.
+    ``barrier_timeout_s``, ``_client``, ``_live``, ``_failures``, ``_dispatched`` and
+    ``_leave_with_lost_slice`` it uses.
     """
 
     admission: Admission | None = None
@@ -233,6 +230,7 @@ class ProcessRejoin:
         client.key_value_set(f"{KEY_PREFIX}join/{process}", me, allow_overwrite=True)
         admission = wait_to_be_admitted(client, f"admitted/{process}/{me}", timeout_s=self.initialization_timeout_s)
         if isinstance(admission, str):  # it ends, and the launcher does not take that for the job's end
+            client.key_value_delete(f"{KEY_PREFIX}join/{process}")
             raise SystemExit(f"elastic_trainer: process {process} came back, but {admission}; it ends.")
         if not restart_backends(client, admission, timeout_s=self.barrier_timeout_s):
             raise SystemExit(f"elastic_trainer: process {process} came back, but not every process came to take it "
@@ -257,8 +255,7 @@ class ProcessRejoin:
     def _hear_returns(self) -> None:
         """After the agreement: every live process reads which replacements asked (the same for all)."""
         asked = noted(self._client(), f"asks/{self._agreements}")
-        if asked is not None:
-            self._returning = frozenset(json.loads(asked))
+        self._returning = frozenset(json.loads(asked)) if asked is not None else frozenset()
 
     def lost_slices_return(self, slices: Sequence[int], *, within_s: float) -> bool:
         """Whether every process of lost ``slices`` is due back within ``within_s``: the local launcher starts a
@@ -267,13 +264,13 @@ class ProcessRejoin:
         due = [noted(self._client(), f"returns/{p}") for s in slices for p in self.processes_of(s)]
         return None not in due and max(map(float, due), default=0) <= time.time() + within_s
 
-    def _return_with_the_dead(self, slice_processes: Sequence[int]) -> None:
-        """In a live process that leaves with its lost slice: when the dead ones of the slice come back, come back
-        with them (the slice returns whole)."""
+    def _note_own_return(self, slice_processes: Sequence[int]) -> None:
+        """In a live process that leaves the job with its slice: when the dead ones of the slice come back, come
+        back with them (the slice returns whole); a slice dropped alive comes back at once, to wait until wanted."""
         dead = [p for p in slice_processes if p not in self._live]
         due = [noted(self._client(), f"returns/{p}") for p in dead]
-        if dead and None not in due:
-            note_return(self._client(), 0, back_at=max(map(float, due)))
+        if None not in due:
+            note_return(self._client(), 0, back_at=max(map(float, due), default=time.time()))
 
     def await_returns(self) -> None:
         """The live processes agree on who lives (a barrier), and so on the replacements that asked to join."""
@@ -285,15 +282,15 @@ class ProcessRejoin:
 
     def take_in(self, slices: Sequence[int], *, step: int, position: int, checkpoint_group: int,
                 before_restart: Callable[[], None]) -> bool:
-        """At a step boundary, go on with ``slices``: take in the replacements of those returning, refuse the rest;
-        whether any was taken in.
+        """At a step boundary, go on with ``slices``: take in the replacements of those returning; whether any was.
 
-        Every live process calls this with the same values. When any slice is
-        taken in, every process (the replacements too) starts a new backend
-        (:func:`restart_backends`): ``before_restart`` lets go of what runs on
-        the old one, and the caller moves the state over (:func:`from_peers`)
-        afterwards. A replacement that does not come to meet (it died after
-        asking) is given up, and the job goes on as it was.
+        Every live process calls this with the same values. Every process (the
+        replacements too) then starts a new backend (:func:`restart_backends`):
+        ``before_restart`` lets go of what runs on the old one, and the caller
+        moves the state over (:func:`from_peers`) afterwards. A replacement
+        that does not come to meet (it died after asking) is given up, and the
+        job goes on as it was. Replacements of slices not in ``slices`` go on
+        waiting to be wanted.
         """
         returning = self.returning_slices()
         joining = sorted(p for s in slices if s in returning for p in self.processes_of(s))
@@ -304,18 +301,29 @@ class ProcessRejoin:
         )
         client = self._client()
         if own_process() == min(self._live):
-            for process in sorted(self._returning):
+            for process in joining:
                 replacement = noted(client, f"join/{process}")
                 client.key_value_delete(f"{KEY_PREFIX}join/{process}")
-                answer = admission.to_json() if process in joining else REFUSED
-                client.key_value_set(f"{KEY_PREFIX}admitted/{process}/{replacement}", answer)
-        self._returning = frozenset()
+                client.key_value_set(f"{KEY_PREFIX}admitted/{process}/{replacement}", admission.to_json())
+        self._returning -= set(joining)
         self._rounds += 1  # a round given up is not met again: its barriers' names are not used twice
-        if not joining:
-            return False
         if not restart_backends(client, admission, timeout_s=self.barrier_timeout_s, before_restart=before_restart):
             print(f"elastic_trainer: process(es) {joining} asked to join but did not come to be taken in within "
                   f"cluster.barrier_timeout_s={self.barrier_timeout_s}; going on without them", file=sys.stderr)
             return False
         self._live |= set(joining)
         return True
+
+    def release(self, slices: Sequence[int]) -> None:
+        """``slices`` are no longer used: their processes leave the job (a process outside every mesh cannot stay
+        in it), as a lost slice's live processes do, and the others stop waiting for them at once. Under the local
+        launcher they come back at once as replacements, taken in when the strategy wants the slices again
+        (``scale_down``: after ``strategy.drop_for_steps``)."""
+        leaving = {p for s in slices for p in self.processes_of(s)} & self._live
+        if own_process() in leaving:
+            self._leave_with_lost_slice(f"slice(s) {sorted(slices)} were dropped by the strategy")
+        self._live -= leaving
+        if own_process() == min(self._live):
+            note_lost(sorted(leaving))  # their replacements may start
+        for s in slices:
+            self._failures[s] += 1
