@@ -32,9 +32,9 @@ from .._mesh import SLICE_AXIS
 from ._coordinator import KEY_PREFIX, noted
 
 RETURNS_DIR_ENV = "ELASTIC_TRAINER_RETURNS_DIR"
-"""Set by the local launcher to a directory where a process that failure injection takes down for a while notes
-when it comes back (``process<i>.returns_at``, its ``time.time()`` then), and where the live processes note that
-they found it lost (``process<i>.lost``). The launcher starts its replacement once both are there, as Kubernetes
+"""Set by the local launcher to a directory where a process that failure injection takes down for a while (or
+one that leaves with its slice, lost or dropped) notes when it comes back (``process<i>.returns_at``, its
+``time.time()`` then), and where the live processes note that they found it lost (``process<i>.lost``). The launcher starts its replacement once both are there, as Kubernetes
 or Slurm's ``--requeue`` would restart a lost task: a replacement that joined before the live processes found
 its predecessor's death would hold their agreement on who lives (``live_devices`` waits for every live process
 it names, and the replacement is live)."""
