@@ -21,7 +21,6 @@ from typing import Any, NoReturn
 import equinox as eqx
 import jax
 import pluggy
-from jax.sharding import Mesh
 from jaxtyping import PyTree
 
 from .clusters import AbstractCluster
@@ -358,10 +357,10 @@ def save_what_survives(ctx: TrainingContext, state: LoopState, *, lost: Sequence
     kept = [position for position, s in enumerate(old.slices) if s not in lost]
     if not kept or not state.whole:
         return
+    arrays = keep_slices(state.arrays, old.mesh, kept)
     layout = dataclasses.replace(old, slices=tuple(old.slices[p] for p in kept),
-                                 mesh=Mesh(old.mesh.devices[kept], old.mesh.axis_names))
-    survivors = dataclasses.replace(state, arrays=keep_slices(state.arrays, old.mesh, kept), layout=layout,
-                                    incarnations=ctx.cluster.incarnations())
+                                 mesh=jax.tree.leaves(arrays)[0].sharding.mesh)  # the survivors' mesh
+    survivors = dataclasses.replace(state, arrays=arrays, layout=layout, incarnations=ctx.cluster.incarnations())
     ctx.checkpoints.save(survivors, step_times_s=list(ctx.history.seconds.values()), failures=len(ctx.failures))
 
 

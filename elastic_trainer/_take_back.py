@@ -35,13 +35,12 @@ def take_back(ctx, state: LoopState, slices: Sequence[int], returning: Sequence[
     with ctx.clock.measure("remesh"):
         host = to_host(state.arrays)
         group = ctx.checkpoints.checkpointer.groups + 1 if ctx.checkpoints else 0
-        taken = ctx.cluster.take_in(slices, step=state.step, position=state.position, checkpoint_group=group,
-                                    before_restart=ctx.step_cache.restart)
-    if not taken:  # the replacements did not come: the job goes on as it was
+        joined = ctx.cluster.take_in(slices, step=state.step, position=state.position, checkpoint_group=group,
+                                     before_restart=ctx.step_cache.restart)
+    if not joined:  # the replacements did not come: the job goes on as it was
         return dataclasses.replace(state, at_boundary=False)
     new = ctx.layouts.make(slices)
     arrays = share_state(ctx, from_host(host, ctx.abstract, new.shardings), new, donor_of(new.slices, returning))
-    joined = tuple(p for s in returning for p in ctx.cluster.processes_of(s))
     ctx.layouts.record_resize(state.step, old, new, reason="rejoined", seconds=time.time() - begin,
                               state_from_peer=joined)
     return dataclasses.replace(state, arrays=arrays, layout=new, incarnations=ctx.cluster.incarnations(),

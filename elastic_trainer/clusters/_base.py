@@ -112,9 +112,9 @@ class AbstractCluster(abc.ABC):
         return []
 
     def take_in(self, slices: Sequence[int], *, step: int, position: int, checkpoint_group: int,
-                before_restart: Callable[[], None]) -> bool:
-        """At a step boundary the run goes on with ``slices``, some of them returning: take those in; whether any
-        was (the state must then move onto the new backend's devices).
+                before_restart: Callable[[], None]) -> tuple[int, ...]:
+        """At a step boundary the run goes on with ``slices``, some of them returning: take those in; the processes
+        taken in, none when they did not come (else the state must move onto the new backend's devices).
 
         ``step``, ``position`` and ``checkpoint_group`` are what the
         replacements start from; ``before_restart`` lets go of what runs on

@@ -281,8 +281,9 @@ class ProcessRejoin:
         return [s for s in range(self.slices) if set(self.processes_of(s)) <= self._returning]
 
     def take_in(self, slices: Sequence[int], *, step: int, position: int, checkpoint_group: int,
-                before_restart: Callable[[], None]) -> bool:
-        """At a step boundary, go on with ``slices``: take in the replacements of those returning; whether any was.
+                before_restart: Callable[[], None]) -> tuple[int, ...]:
+        """At a step boundary, go on with ``slices``: take in the replacements of those returning; the processes
+        taken in (none when they did not come).
 
         Every live process calls this with the same values. Every process (the
         replacements too) then starts a new backend (:func:`restart_backends`):
@@ -310,9 +311,9 @@ class ProcessRejoin:
         if not restart_backends(client, admission, timeout_s=self.barrier_timeout_s, before_restart=before_restart):
             print(f"elastic_trainer: process(es) {joining} asked to join but did not come to be taken in within "
                   f"cluster.barrier_timeout_s={self.barrier_timeout_s}; going on without them", file=sys.stderr)
-            return False
+            return ()
         self._live |= set(joining)
-        return True
+        return tuple(joining)
 
     def release(self, slices: Sequence[int]) -> None:
         """``slices`` are no longer used: their processes leave the job (a process outside every mesh cannot stay
