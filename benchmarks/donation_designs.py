@@ -91,7 +91,7 @@ class Workload:
         """Every executable: the fused step as now and donating, the gradients, the apply over all slices and per slice."""
         mesh, shardings, scalar = self.mesh, self.shardings, jax.ShapeDtypeStruct((), jnp.float32)
         count = jax.ShapeDtypeStruct((), jnp.int32)
-        step = make_step_fn(self.loss_fn, self.optimizer, self.static)
+        step = make_step_fn(self.loss_fn, self.optimizer, self.static, self.abstract)
         fused = dict(in_shardings=(shardings, batch_sharding(mesh), replicated(mesh)),
                      out_shardings=(shardings, replicated(mesh)))
         on = lambda m, tree: jax.tree.map(lambda s: NamedSharding(m, s.spec), tree)  # noqa: E731

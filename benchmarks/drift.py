@@ -154,7 +154,7 @@ class FixedOrderLoss:
     each mesh as plugins make it (``et_make_mesh``), just before the step is
     compiled for it. Compiling layouts ahead (``ScaleDown(compile_ahead=True)``)
     compiles later, on another thread, so it must be off. Inside the trainer,
-    ``compile_step`` knows its mesh and needs none of this. A batch that
+    ``compile_gradients`` knows its mesh and needs none of this. A batch that
     does not cut into the groups (the trainer's shape check, on one sample)
     gets ``loss_fn`` itself.
 

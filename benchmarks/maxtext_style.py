@@ -70,7 +70,7 @@ def main() -> None:
         arrays, static = eqx.partition(state, eqx.is_array)
         replicated = NamedSharding(run.mesh, PartitionSpec())
         batch_sharding = NamedSharding(run.mesh, PartitionSpec(("slice", "device")))
-        step = jax.jit(make_step_fn(job.loss_fn, job.optimizer, static), donate_argnums=0,
+        step = jax.jit(make_step_fn(job.loss_fn, job.optimizer, static, arrays), donate_argnums=0,
                        out_shardings=(replicated, replicated))
         with ocp.CheckpointManager((args.run_dir / "checkpoints").absolute(), options=options) as checkpoints:
             if checkpoints.latest_step() is None:

@@ -4,7 +4,9 @@ For each case (the default model, and ``model.d_model=512 model.num_layers=4``;
 ``trainer.within_slice=replicated`` and ``sharded``) the default job is built
 from the Hydra config and trained for one step; then every compiled executable
 that step ran is asked for XLA's own accounting (``compiled.memory_analysis()``,
-per device: arguments + outputs - aliased + temporaries). The trainer's peak is
+per device: arguments + outputs - aliased + temporaries): its gradients program
+(which takes the whole state, so the optimizer state it does not read counts
+too) and the update program of each half of the slices. The trainer's peak is
 the largest of its executables (what lives between them is an output of one
 and an argument of the next, so it is counted). The baseline is the same pure
 step (``make_step_fn``) over the same mesh and shardings, jitted with the state
@@ -57,7 +59,7 @@ def trained_one_step(overrides: list[str]):
 def donating_baseline(trainer) -> int:
     """Peak bytes of the same step over the same mesh and shardings, jitted with ``donate_argnums=0``."""
     ctx, layout = trainer._ctx, trainer._ctx.layouts.current
-    step_fn = make_step_fn(trainer.loss_fn, trainer.optimizer, ctx.static)
+    step_fn = make_step_fn(trainer.loss_fn, trainer.optimizer, ctx.static, ctx.abstract)
     sample = trainer.data.get_batch(jnp.zeros(1, dtype=jnp.int32))
     batch = jax.tree.map(lambda leaf: jax.ShapeDtypeStruct((layout.batch_size, *leaf.shape[1:]), leaf.dtype), sample)
     jitted = jax.jit(

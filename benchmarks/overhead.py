@@ -3,8 +3,9 @@
 Both train the default model on the default data over the same 4 x 2 mesh
 with the same shardings and jit, side by side in this process, for several
 rounds. The bare loop donates its state to the step (``donate_argnums``), as a
-user's loop would; the trainer does not (the state before a step is what
-survivors of a failed step restore from). Steady state only: compile time is excluded from both, and each
+user's loop would; so does the trainer's update (docs/architecture.md,
+"Donation": its step is a gradients program over every slice and one update
+program per half of the slices). Steady state only: compile time is excluded from both, and each
 round's rate is one over its median step interval, so a stall of the shared
 machine in one step does not decide the round. Prints the median ratio
 (trainer / bare) over the rounds as the last line: ``overhead_ratio=0.981``.

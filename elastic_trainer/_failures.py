@@ -40,6 +40,27 @@ class StepTimeoutError(SliceLostError):
     """A step ran past ``trainer.step_timeout_s``: treated like a lost slice, found by health checks."""
 
 
+class UpdateInterrupted(Exception):
+    """A failure while a step's update ran, after its gradients were computed everywhere.
+
+    The update runs as one program per group of slices, the state donated
+    to it: the groups without a lost slice hold the state after the step
+    (``arrays``), a lost slice's group holds nothing. ``arrays`` is ``None``
+    when an update could not even start: then no group holds a whole state.
+
+    :param error: what the failure raised (classified like any other).
+    :param arrays: the state after the step on the step's layout, or ``None``.
+    :param metrics: the step's metrics.
+    :param groups: the groups of slices the update ran in.
+    """
+
+    def __init__(self, error: BaseException, *, arrays, metrics: dict, groups: tuple[tuple[int, ...], ...]):
+        super().__init__(str(error))
+        self.error, self.arrays, self.metrics, self.groups = error, arrays, metrics, groups
+        self.committed = None
+        """The loop's state once the trainer committed the step (a :class:`LoopState`)."""
+
+
 @dataclasses.dataclass(frozen=True)
 class RecoveryPlan:
     """What a strategy decided to do about a failure; the trainer carries it out.

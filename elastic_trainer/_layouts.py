@@ -63,6 +63,7 @@ class Layouts:
         """The layout made last (what ``trainer.slices`` and ``trainer.mesh`` show)."""
         self.resizes: list[ResizeRecord] = []
         """Every change of the slices in use, as the report lists them."""
+        self._likely_from: tuple[int, ...] | None = None  # the layout whose likely next ones were queued last
 
     def make(self, slices: Sequence[int], *, plan: RecoveryPlan | None = None) -> Layout:
         """Mesh ``slices`` and get a step compiled for them, with ``plan``'s batch policy."""
@@ -77,20 +78,27 @@ class Layouts:
         return self.current
 
     def compile_likely(self, layout: Layout) -> None:
-        """Queue background compiles for the layouts plugins expect next (``et_likely_layouts``), likeliest first.
+        """Queue background compiles for the layouts plugins expect next from ``layout`` (``et_likely_layouts``),
+        likeliest first; once per layout in use: at start, and after the first step on each new one.
 
         Likeliest first: the layouts that drop the fewest of ``layout``'s
         slices, and among those the ones that drop the slices that failed most
         often in this run (hardware that failed once is the likeliest to fail
-        again); the plugins' order breaks ties. The step cache compiles one at
-        a time in this order and only while it has room
+        again); the plugins' order breaks ties. Compiles asked for ahead of an
+        earlier layout that have not started yet are dropped (a layout with a
+        lost slice in it is not where the next failure goes). The step cache
+        compiles one at a time in this order and only while it has room
         (``trainer.max_cached_layouts``), so at N slices at most that many of
         the N "one slice fewer" layouts are compiled ahead: a bounded cost at
         any N (docs/architecture.md, "Compiles").
         """
+        if layout.slices == self._likely_from:
+            return
+        self._likely_from = layout.slices
         all_devices, failures = self._cluster.slice_devices(), self._cluster.incarnations()
         likely = dict.fromkeys(tuple(sorted(s)) for layouts in self._hooks.et_likely_layouts(trainer=self._view)
                                for s in layouts)
+        self._steps.drop_queued(keep=list(likely))
 
         def likeliest_first(slices: tuple[int, ...]) -> tuple[int, int]:
             dropped = [s for s in layout.slices if s not in slices]

@@ -263,9 +263,10 @@ def _recover_from(ctx: TrainingContext, failure: Failure, index: int, error: Exc
     returning = [s for s in healthy if s in ctx.cluster.returning_slices()]  # taken back in once recovered
     healthy = [s for s in healthy if s not in returning]
     lost = lost_slices(ctx, old.slices, failure.slices, state.incarnations)  # more may have failed meanwhile
-    arrays = ctx.cluster.surviving(state.arrays, lost)  # what lived on lost slices is gone
+    gone = gone_slices(state, lost)
+    arrays = ctx.cluster.surviving(state.arrays, gone)  # what lived on lost slices is gone
     ctx.failures.amend(index, slices=lost)
-    survivors = [s for s in old.slices if s not in lost] if state.whole else []
+    survivors = [s for s in old.slices if s not in gone] if state.whole else []
     begin = time.time()
     try:
         new = ctx.layouts.make(healthy, plan=plan)
@@ -283,11 +284,19 @@ def _recover_from(ctx: TrainingContext, failure: Failure, index: int, error: Exc
     recovered = LoopState(
         arrays, new, step=int(arrays.step), position=int(arrays.data_position),
         incarnations=ctx.cluster.incarnations(), pending=PendingRecovery(index, record.failed_at),
+        save_due=state.save_due and bool(state.update_groups) and restored_step == step,  # its update was interrupted
     )
     if returning:  # replacements of lost slices came back while the plan waited
         recovered = take_back(ctx, recovered, sorted([*healthy, *returning]), returning)
         ctx.failures.amend(index, slices_after=len(recovered.layout.slices))
     return recovered
+
+
+def gone_slices(state: LoopState, lost: Sequence[int]) -> tuple[int, ...]:
+    """The slices of ``state``'s layout that hold nothing of it once ``lost`` are lost: those, and after an
+    interrupted update (``state.update_groups``) every slice of a group that lost one (its update failed)."""
+    groups = [group for group in state.update_groups if set(group) & set(lost)]
+    return tuple(s for s in state.layout.slices if s in lost or any(s in group for group in groups))
 
 
 def restore(
@@ -333,7 +342,8 @@ def restart(ctx: TrainingContext, index: int, state: LoopState, *, error: Except
         raise TrainingStopped(f"{record.action}: a restart needs checkpoints; enable checkpoint.enabled.")
     with ctx.clock.measure("checkpoint_save"):
         if record.regrouped:
-            save_what_survives(ctx, state, lost=lost_slices(ctx, state.layout.slices, record.slices, state.incarnations))
+            lost = lost_slices(ctx, state.layout.slices, record.slices, state.incarnations)
+            save_what_survives(ctx, state, lost=gone_slices(state, lost))
         ctx.checkpoints.checkpointer.wait()
     restored = ctx.checkpoints.checkpointer.latest_step() or 0
     ctx.failures.amend(index, restored_from="checkpoint" if restored else "none", lost_steps=state.step - restored)

@@ -7,10 +7,11 @@ from jaxtyping import PyTree
 
 
 class HostSnapshots:
-    """Every ``period`` steps, copy the state to host memory without waiting for it.
+    """Every ``period`` steps, copy the state to host memory.
 
-    The copy starts at the snapshot step and runs during the next step; only
-    then does the snapshot count (a copy still in flight is not used).
+    The copy is complete when :meth:`take` returns: the next step's update
+    consumes the state's device buffers (docs/architecture.md, "Donation").
+    A replicated array is read from one device only.
 
     :param period: steps between snapshots (0: never).
     """
@@ -18,15 +19,9 @@ class HostSnapshots:
     def __init__(self, period: int):
         self.period = period
         self.latest: tuple[int, PyTree] | None = None
-        """The newest complete snapshot: (step, host arrays), or ``None``."""
-        self._in_flight: tuple[int, PyTree] | None = None  # (step, device arrays being copied)
+        """The newest snapshot: (step, host arrays), or ``None``."""
 
     def take(self, step: int, arrays: PyTree) -> None:
-        """After step ``step``: complete the copy in flight, and start one if ``step`` is a snapshot step."""
-        if self._in_flight is not None:
-            in_flight_step, in_flight = self._in_flight
-            self.latest, self._in_flight = (in_flight_step, jax.device_get(in_flight)), None
+        """After step ``step``: copy ``arrays`` to host memory if ``step`` is a snapshot step."""
         if self.period and step % self.period == 0:
-            for leaf in jax.tree.leaves(arrays):
-                leaf.copy_to_host_async()
-            self._in_flight = (step, arrays)
+            self.latest = step, jax.device_get(arrays)

@@ -1,16 +1,27 @@
-"""The train step: one optimizer update, jitted over a mesh and compiled ahead of time."""
+"""The train step in two phases: the gradients over every slice, then the optimizer's update per group of slices.
+
+Why two phases (docs/architecture.md, "Donation"): the update consumes the
+state it is given (donated, so the step needs no more device memory than a
+hand-written loop that donates), and a program that fails loses every buffer
+donated to it. The gradients program spans every slice (it holds the
+all-reduce) and donates nothing: a slice lost during it leaves every survivor
+the state before the step. The update has no collective between slices and
+runs as one program per group of slices (:meth:`AbstractCluster.update_groups`):
+a slice lost during it takes its own group's new state, and every other
+group holds the state after the step.
+"""
 
 from __future__ import annotations
 
 import re
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import equinox as eqx
 import jax
 import jax.numpy as jnp
 import optax
-from jax.sharding import Mesh
+from jax.sharding import Mesh, NamedSharding
 from jaxtyping import Array, PyTree
 
 from ._failures import ConfigError
@@ -23,40 +34,89 @@ LossFn = Callable[..., Array]
 StepFn = Callable[[PyTree, jax.Array, jax.Array], tuple[PyTree, dict[str, jax.Array]]]
 
 
-def make_step_fn(loss_fn: LossFn, optimizer: optax.GradientTransformation, static: PyTree) -> StepFn:
-    """The pure step over the array part of a :class:`TrainState`.
+def gradient_part(params: PyTree) -> PyTree:
+    """The parameters the loss is differentiated by (Equinox's filtered gradients): the floating-point ones of
+    ``params`` (arrays or shapes), the others ``None``."""
+    return jax.tree.map(lambda p: p if jnp.issubdtype(p.dtype, jnp.inexact) else None, params)
 
-    ``static`` is the non-array part (``eqx.partition(state, eqx.is_array)[1]``);
-    the step takes and returns the array part, so it can be jitted with
-    explicit shardings. ``batch`` is whatever the dataset's ``get_batch``
-    returns: an array or any pytree of arrays with a leading batch axis. ``lr_scale`` multiplies the updates: the learning-rate
-    rescaling of a shrunk global batch (1 otherwise).
+
+def gradient_positions(arrays: PyTree) -> list[int]:
+    """Where the parameters that have a gradient (:func:`gradient_part`) sit among the leaves of the state's
+    ``arrays`` (the parameters are its first field, so their leaves come first)."""
+    return [i for i, p in enumerate(jax.tree.leaves(arrays.params)) if jnp.issubdtype(p.dtype, jnp.inexact)]
+
+
+class StepPhases(NamedTuple):
+    """The pure phases of a step over the array part of a :class:`TrainState`, as flat lists of its leaves.
+
+    ``gradients(leaves, batch) -> (gradient leaves, loss)``: forward and
+    backward over the global batch (``batch`` is whatever the dataset's
+    ``get_batch`` returns); ``update(leaves, gradient_leaves, lr_scale,
+    batch_size) -> leaves``: the optimizer's update, the updates times
+    ``lr_scale`` (the learning-rate rescaling of a shrunk global batch, 1
+    otherwise), the step, key and data position moved on. Flat lists, not the
+    state's pytree: flattening Equinox modules on every call costs a
+    millisecond per program on the host.
     """
 
-    def step(arrays: PyTree, batch: PyTree, lr_scale: jax.Array) -> tuple[PyTree, dict[str, jax.Array]]:
-        state: TrainState = eqx.combine(arrays, static)
-        key, step_key = jax.random.split(jax.random.wrap_key_data(state.key))
-        loss, grads = eqx.filter_value_and_grad(loss_fn)(state.params, batch, key=step_key)
+    gradients: Callable[[list, PyTree], tuple[list, Array]]
+    update: Callable[[list, list, Array, Array], list]
+
+
+def make_step_phases(loss_fn: LossFn, optimizer: optax.GradientTransformation, static: PyTree, arrays: PyTree
+                     ) -> StepPhases:
+    """The two phases of a step for the state whose array part is ``arrays`` (arrays or shapes) and whose
+    non-array part is ``static`` (``eqx.partition(state, eqx.is_array)``)."""
+    structure = jax.tree.structure(arrays)
+    gradient_structure = jax.tree.structure(gradient_part(arrays.params))
+
+    def keys(state: TrainState) -> tuple[jax.Array, jax.Array]:
+        """The state's key for the next step, and this step's."""
+        return tuple(jax.random.split(jax.random.wrap_key_data(state.key)))
+
+    def gradients(leaves: list, batch: PyTree) -> tuple[list, Array]:
+        state: TrainState = eqx.combine(structure.unflatten(leaves), static)
+        loss, grads = eqx.filter_value_and_grad(loss_fn)(state.params, batch, key=keys(state)[1])
+        return gradient_structure.flatten_up_to(grads), loss
+
+    def update(leaves: list, gradient_leaves: list, lr_scale: Array, batch_size: Array) -> list:
+        state: TrainState = eqx.combine(structure.unflatten(leaves), static)
+        grads = gradient_structure.unflatten(gradient_leaves)
         updates, opt_state = optimizer.update(grads, state.opt_state, eqx.filter(state.params, eqx.is_array))
         updates = jax.tree.map(lambda u: u * lr_scale.astype(u.dtype), updates)
         new_state = TrainState(
             params=eqx.apply_updates(state.params, updates),
             opt_state=opt_state,
             step=state.step + 1,
-            key=jax.random.key_data(key),
-            data_position=state.data_position + jax.tree.leaves(batch)[0].shape[0],
+            key=jax.random.key_data(keys(state)[0]),
+            data_position=state.data_position + batch_size.astype(state.data_position.dtype),
         )
-        return eqx.filter(new_state, eqx.is_array), {"loss": loss}
+        return structure.flatten_up_to(eqx.filter(new_state, eqx.is_array))
+
+    return StepPhases(gradients, update)
+
+
+def make_step_fn(loss_fn: LossFn, optimizer: optax.GradientTransformation, static: PyTree, arrays: PyTree) -> StepFn:
+    """The whole step as one pure function, ``step(arrays, batch, lr_scale) -> (arrays, {"loss"})``: the two
+    phases of :func:`make_step_phases` in a row. What a hand-written loop jits (the benchmarks' baselines)."""
+    phases = make_step_phases(loss_fn, optimizer, static, arrays)
+    structure = jax.tree.structure(arrays)
+
+    def step(arrays: PyTree, batch: PyTree, lr_scale: jax.Array) -> tuple[PyTree, dict[str, jax.Array]]:
+        leaves = structure.flatten_up_to(arrays)
+        gradient_leaves, loss = phases.gradients(leaves, batch)
+        batch_size = jnp.asarray(jax.tree.leaves(batch)[0].shape[0], jnp.int32)
+        return structure.unflatten(phases.update(leaves, gradient_leaves, lr_scale, batch_size)), {"loss": loss}
 
     return step
 
 
-def check_fits(step_fn: StepFn, arrays: PyTree, sample: PyTree) -> None:
+def check_fits(phases: StepPhases, arrays: PyTree, sample: PyTree) -> None:
     """Raise :class:`ConfigError` when the loss cannot be computed on a batch like ``sample`` (a model that does
     not fit the data), before anything compiles; only shapes are traced."""
-    abstract = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), (arrays, sample))
+    abstract = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), (jax.tree.leaves(arrays), sample))
     try:
-        jax.eval_shape(step_fn, *abstract, jax.ShapeDtypeStruct((), jnp.float32))
+        jax.eval_shape(phases.gradients, *abstract)
     except Exception as error:  # noqa: BLE001 - any error of the user's model or loss on this batch
         described = str(jax.tree.map(lambda a: f"{a.dtype}{list(a.shape)}", sample))
         shapes = re.sub(r"'(\w+\[[^]]*\])'", r"\1", described)  # float32[1, 8], not 'float32[1, 8]'
@@ -67,26 +127,44 @@ def check_fits(step_fn: StepFn, arrays: PyTree, sample: PyTree) -> None:
         ) from error
 
 
-def compile_step(
-    step_fn: StepFn,
-    arrays: PyTree,
-    batch: PyTree,
-    mesh: Mesh,
-    *,
-    within_slice: WithinSlice,
-) -> tuple[Any, PyTree]:
-    """Compile ``step_fn`` for ``mesh`` ahead of time.
+def compile_gradients(phases: StepPhases, arrays: PyTree, batch: PyTree, mesh: Mesh, *, within_slice: WithinSlice
+                      ) -> tuple[Any, PyTree]:
+    """Compile the gradients phase for ``mesh`` ahead of time; the compiled program and the state shardings.
 
-    ``batch`` holds a ``jax.ShapeDtypeStruct`` per leaf of the batch.
-    Returns the compiled step and the state shardings it expects. The input
-    state is not donated: until a step has succeeded everywhere, the state
-    before it is what survivors of a failure restore from.
+    ``arrays`` are the state's arrays or shapes, ``batch`` a
+    ``jax.ShapeDtypeStruct`` per leaf of the batch. The whole state goes in
+    (only the parameters and key are read): the optimizer state lives on the
+    devices during this phase too, and XLA's accounting of the program then
+    says so. The gradients come out with the parameters' shardings, summed
+    over every device; nothing is donated.
     """
     shardings = state_shardings(arrays, mesh, within_slice=within_slice)
+    leaves = jax.tree.leaves(shardings)
     jitted = jax.jit(
-        step_fn,
-        in_shardings=(shardings, batch_sharding(mesh), replicated(mesh)),
-        out_shardings=(shardings, replicated(mesh)),
+        phases.gradients, keep_unused=True,
+        in_shardings=(leaves, batch_sharding(mesh)),
+        out_shardings=([leaves[i] for i in gradient_positions(arrays)], replicated(mesh)),
     )
-    abstract = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), arrays)
-    return jitted.lower(abstract, batch, jax.ShapeDtypeStruct((), jnp.float32)).compile(), shardings
+    return jitted.lower(_abstract_leaves(arrays), batch).compile(), shardings
+
+
+def update_shardings(arrays: PyTree, mesh: Mesh, *, within_slice: WithinSlice) -> list[NamedSharding]:
+    """The shardings of the state's leaves on a group of slices' ``mesh``, as its update program takes them."""
+    return jax.tree.leaves(state_shardings(arrays, mesh, within_slice=within_slice))
+
+
+def compile_update(phases: StepPhases, arrays: PyTree, mesh: Mesh, *, within_slice: WithinSlice) -> Any:
+    """Compile the update phase for ``mesh`` (one group of slices) ahead of time, the state donated: its new
+    state takes the old one's buffers. It has no collective: every device updates its own shards."""
+    shardings = update_shardings(arrays, mesh, within_slice=within_slice)
+    gradients = [shardings[i] for i in gradient_positions(arrays)]
+    jitted = jax.jit(
+        phases.update, donate_argnums=0,
+        in_shardings=(shardings, gradients, replicated(mesh), replicated(mesh)), out_shardings=shardings,
+    )
+    scalars = jax.ShapeDtypeStruct((), jnp.float32), jax.ShapeDtypeStruct((), jnp.int32)
+    return jitted.lower(_abstract_leaves(arrays), _abstract_leaves(gradient_part(arrays.params)), *scalars).compile()
+
+
+def _abstract_leaves(tree: PyTree) -> list[jax.ShapeDtypeStruct]:
+    return [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in jax.tree.leaves(tree)]

@@ -26,7 +26,7 @@ from jaxtyping import PyTree
 from ._checkpoint import Checkpointer
 from .clusters import AbstractCluster, SimulatedCluster
 from ._data import AbstractDataset, sample_ids
-from ._failures import ConfigError, PluginError, RestartRequested, TrainingStopped
+from ._failures import ConfigError, PluginError, RestartRequested, TrainingStopped, UpdateInterrupted
 from ._goodput import GoodputClock
 from ._layouts import Layouts
 from ._ledger import SampleLedger
@@ -42,7 +42,7 @@ from .config._settings import check_trainer_settings
 from ._snapshots import HostSnapshots
 from ._stragglers import StragglerRule, StragglerWatch
 from ._state import TrainState, init_train_state
-from ._step import LossFn, check_fits, make_step_fn
+from ._step import LossFn, check_fits, make_step_phases
 from ._step_cache import DEFAULT_MAX_LAYOUTS, StepCache
 from ._step_runner import StepRunner
 from ._take_back import join, take_back
@@ -76,6 +76,44 @@ def _preempted(checkpointer: Checkpointer | None, step: int, signum: int) -> Pre
              f"whose save failed, so a resume goes on from {f'step {latest}' if latest else 'the start'}")
     return Preempted(f"stopped by {name} after step {step}, {where}; continue with "
                      "checkpoint.resume=true.", signum=signum)
+
+
+def _run_checkpoints(trainer: Trainer, clock: GoodputClock, static: PyTree) -> RunCheckpoints | None:
+    """The run's checkpoints (``None`` without a checkpointer), with what they check a resume against."""
+    if trainer.checkpointer is None:
+        return None
+    return RunCheckpoints(
+        trainer.checkpointer, cluster=trainer.cluster, hooks=trainer.hook, view=trainer, clock=clock, static=static,
+        data_order={"seed": trainer.seed, "num_samples": trainer.data.num_samples},
+        run_metadata={"global_batch_size": trainer.global_batch_size, "cluster": trainer.cluster.describe(),
+                      "within_slice": trainer.within_slice},
+    )
+
+
+def _commit(trainer: Trainer, state: LoopState, ids: np.ndarray, arrays: PyTree, metrics: dict,
+            *, interrupted: UpdateInterrupted | None) -> LoopState:
+    """Commit step ``state.step``, trained on samples ``ids``: the loop's state after it, on ``state``'s layout.
+
+    After an ``interrupted`` update the state is whole only on some slices:
+    it is marked with the update's groups, and the per-step work that reads
+    every slice (straggler times, compiling ahead, the host snapshot) waits
+    for the recovery.
+    """
+    ctx, step, layout = trainer._ctx, state.step, state.layout
+    ctx.history.commit(step, ids, metrics["loss"])
+    finish_recovery(ctx, state.pending)
+    ctx.history.note_first_step(ctx.clock)
+    save_due = ctx.checkpoints is not None and ctx.checkpoints.due(step + 1, last_step=trainer.steps)
+    committed = LoopState(arrays, layout, step=step + 1, position=state.position + layout.batch_size,
+                          incarnations=state.incarnations if interrupted else trainer.cluster.incarnations(),
+                          save_due=save_due, at_boundary=not save_due,
+                          update_groups=interrupted.groups if interrupted else ())
+    trainer.hook.et_step_end(trainer=trainer, step=step + 1, metrics=metrics)
+    if interrupted is None:
+        ctx.stragglers.observe(step + 1, trainer.cluster.slice_step_seconds())
+        ctx.layouts.compile_likely(layout)  # once per layout: for a new one (a recovery's, a resize's), now
+        ctx.snapshots.take(step + 1, arrays)
+    return committed
 
 
 class FitResult(NamedTuple):
@@ -252,6 +290,9 @@ class Trainer:
                     state = phases[phase](state)
                 except (ConfigError, PluginError, TrainingStopped):
                     raise
+                except UpdateInterrupted as interrupted:  # the step is done where its update was not interrupted
+                    state = interrupted.committed or dataclasses.replace(state, update_groups=(state.layout.slices,))
+                    state = survive(self._ctx, interrupted.error, state, phase="update")
                 except Exception as error:  # noqa: BLE001 - the one place where a failure enters recovery
                     state = survive(self._ctx, error, state, phase=phase)
         except TrainingStopped as stop:
@@ -281,11 +322,11 @@ class Trainer:
         with clock.measure("startup"):
             arrays, static = eqx.partition(state, eqx.is_array)
             sample = jax.tree.map(np.asarray, self.data.get_batch(np.zeros(1, dtype=np.int64)))
-            step_fn = make_step_fn(self.loss_fn, self.optimizer, static)
-            check_fits(step_fn, arrays, sample)
-            step_cache = StepCache(step_fn, arrays, sample, within_slice=self.within_slice,
-                                   max_layouts=self.max_cached_layouts)
-        checkpoints = self._run_checkpoints(clock, static)
+            phases = make_step_phases(self.loss_fn, self.optimizer, static, arrays)
+            check_fits(phases, arrays, sample)
+            step_cache = StepCache(phases, arrays, sample, within_slice=self.within_slice,
+                                   max_layouts=self.max_cached_layouts, update_groups=self.cluster.update_groups)
+        checkpoints = _run_checkpoints(self, clock, static)
         layouts = Layouts(cluster=self.cluster, hooks=self.hook, view=self, clock=clock, steps=step_cache,
                           global_batch_size=self.global_batch_size, release=checkpoints and checkpoints.release,
                           take_back=lambda state, slices, returning: take_back(self._ctx, state, slices, returning))
@@ -295,7 +336,8 @@ class Trainer:
             checkpoints=checkpoints, snapshots=HostSnapshots(self.snapshot_period),
             history=StepHistory(SampleLedger(self.data.num_samples, seed=self.seed, start_position=0)),
             abstract=jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), arrays), static=static,
-            step_cache=step_cache, runner=StepRunner(self.cluster, self.data, self._watchdog, sample),
+            step_cache=step_cache, runner=StepRunner(self.cluster, self.data, self._watchdog, sample, hooks=self.hook,
+                                                     view=self, structure=jax.tree.structure(arrays)),
         )
         incarnations, joined = self.cluster.incarnations(), self.cluster.admission  # as of the state in hand
         layout = ctx.layouts.make(joined.slices if joined else range(len(self.cluster.slice_devices())))
@@ -310,36 +352,31 @@ class Trainer:
         return LoopState(arrays, layout, step=resume_from or 0, position=0, incarnations=incarnations,
                          whole=not self.resume)
 
-    def _run_checkpoints(self, clock: GoodputClock, static: PyTree) -> RunCheckpoints | None:
-        if self.checkpointer is None:
-            return None
-        return RunCheckpoints(
-            self.checkpointer, cluster=self.cluster, hooks=self.hook, view=self, clock=clock, static=static,
-            data_order={"seed": self.seed, "num_samples": self.data.num_samples},
-            run_metadata={"global_batch_size": self.global_batch_size, "cluster": self.cluster.describe(),
-                          "within_slice": self.within_slice},
-        )
-
     def _train(self, state: LoopState) -> LoopState:
-        """Run step ``state.step`` and commit it: the state after it."""
-        ctx, step, layout = self._ctx, state.step, state.layout
-        self.hook.et_step_start(trainer=self, step=step)
-        began = time.time()
+        """Run step ``state.step`` and commit it: the state after it.
+
+        When a failure interrupts the step's update, the step is committed all
+        the same (the groups of slices without a lost one hold it) and
+        :class:`UpdateInterrupted` is raised with that state as ``committed``.
+        """
+        ctx, layout = self._ctx, state.layout
+        self.hook.et_step_start(trainer=self, step=state.step)
+        began, interrupted = time.time(), None
         with ctx.clock.measure("productive", on_error="wasted_progress"):
             ids = sample_ids(self.data.num_samples, seed=self.seed, start=state.position, count=layout.batch_size)
-            arrays, metrics = ctx.runner.run(layout, state.arrays, ids, since=state.incarnations)
+            try:
+                arrays, metrics = ctx.runner.run(layout, state.arrays, ids, step=state.step, since=state.incarnations)
+            except UpdateInterrupted as caught:
+                if caught.arrays is None:  # no group of slices holds the step: it is lost
+                    raise
+                interrupted, arrays, metrics = caught, caught.arrays, caught.metrics
         with ctx.clock.measure("productive"):
-            ctx.history.commit(step, ids, metrics["loss"])
-            ctx.stragglers.observe(step + 1, self.cluster.slice_step_seconds())
-            finish_recovery(ctx, state.pending)
-            ctx.history.note_first_step(ctx.clock)
-            save_due = ctx.checkpoints is not None and ctx.checkpoints.due(step + 1, last_step=self.steps)
-            state = LoopState(arrays, layout, step=step + 1, position=state.position + layout.batch_size,
-                              incarnations=self.cluster.incarnations(), save_due=save_due, at_boundary=not save_due)
-            self.hook.et_step_end(trainer=self, step=step + 1, metrics=metrics)
-            ctx.snapshots.take(step + 1, arrays)
-        ctx.history.seconds[step] = time.time() - began
-        return state
+            committed = _commit(self, state, ids, arrays, metrics, interrupted=interrupted)
+        ctx.history.seconds[state.step] = time.time() - began
+        if interrupted is not None:
+            interrupted.committed = committed
+            raise interrupted
+        return committed
 
     def _save(self, state: LoopState) -> LoopState:
         """Save ``state`` as a checkpoint of its step (it is due)."""

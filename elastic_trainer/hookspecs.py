@@ -10,6 +10,7 @@ fire in this order::
     et_before_restore, et_after_restore         (when resuming)
     for every step:
         et_step_start
+        et_before_update              (its gradients computed everywhere, before the update)
         et_step_end
         et_before_checkpoint_save, et_after_checkpoint_save    (on a step that is saved)
         et_slice_health -> et_propose_resize -> (on a resize) et_make_mesh
@@ -73,8 +74,22 @@ def et_step_start(trainer: RunView, step: int) -> None:
 
 
 @hookspec
+def et_before_update(trainer: RunView, step: int) -> None:
+    """Called during each train step, once its gradients are computed on every slice and before the optimizer's
+    update, which consumes the state (docs/architecture.md, "Donation").
+
+    :param trainer: the running trainer.
+    :param step: the number of steps completed before this one (as for ``et_step_start``).
+
+    Return value is ignored. Failure injection uses it to lose a slice during
+    the update: the groups of slices without it hold the state after the step.
+    """
+
+
+@hookspec
 def et_step_end(trainer: RunView, step: int, metrics: dict[str, jax.Array]) -> None:
-    """Called after each train step has completed on every slice in use.
+    """Called after each train step has completed on every slice in use (or, when a failure interrupted its
+    update, on the groups of slices that hold it; recovery follows).
 
     :param trainer: the running trainer.
     :param step: the number of steps completed, counting this one (1-based).
@@ -146,13 +161,15 @@ def et_propose_resize(trainer: TrainerView, healthy_slices: list[int]) -> list[i
 
 @hookspec
 def et_likely_layouts(trainer: TrainerView) -> list[list[int]]:
-    """Called once after the first compile, to learn which slice sets may come next.
+    """Called after the first compile, and again after the first step on each new layout (a recovery's, a
+    resize's), to learn which slice sets may come next.
 
     :param trainer: the trainer; ``trainer.slices`` are the slices in use.
 
     Return lists of slice indices. The trainer compiles a step for each on a
     background thread (with the full global batch), so that a recovery onto
-    one of them does not wait for a compile. All plugins' answers are used.
+    one of them does not wait for a compile; compiles queued for an earlier
+    layout that have not started are dropped. All plugins' answers are used.
     """
 
 
@@ -234,7 +251,10 @@ def et_after_restore(trainer: TrainerView, step: int, source: str, state: TrainS
     :param trainer: the running trainer.
     :param step: the step restored.
     :param source: where it came from (see :func:`et_before_restore`).
-    :param state: the restored state, on the current mesh.
+    :param state: the restored state, on the current mesh. The next step's
+        update consumes its device buffers (docs/architecture.md, "Donation"):
+        read or copy what you need here (``jax.device_get``); a reference kept
+        for later raises "Array has been deleted".
 
     Return value is ignored.
     """

@@ -11,8 +11,9 @@ import numpy as np
 import elastic_trainer as et
 
 FIRED_FILE = "chaos_fired.json"
-PHASES = ("train_step", "checkpoint_save", "checkpoint_restore", "recovery")
-"""When a scheduled failure strikes: during the train step ``at_step``, the
+PHASES = ("train_step", "update", "checkpoint_save", "checkpoint_restore", "recovery")
+"""When a scheduled failure strikes: during the train step ``at_step`` (its
+gradients), during that step's update (its gradients computed everywhere), the
 save of step ``at_step``, a restore of the checkpoint of step ``at_step``, or
 while recovering from the failure at step ``at_step`` (a second failure)."""
 
@@ -23,7 +24,7 @@ class ScheduledFailure:
 
     :param at_step: the step (steps completed before it) during which it strikes.
     :param slice: the slice lost.
-    :param phase: ``train_step`` or ``recovery``.
+    :param phase: one of :data:`PHASES`.
     :param down_for_s: how long the slice stays down.
     :param hang: hang the slice instead: the step does not fail but never
         finishes while the slice is down (the watchdog must catch it).
@@ -152,6 +153,11 @@ class Chaos:
             rng = np.random.default_rng([self.seed, window, self.steps_per_failure])
             if step == window * self.steps_per_failure + rng.integers(self.steps_per_failure):
                 self._strike_random_slice(trainer, step, rng)
+
+    @et.hookimpl
+    def et_before_update(self, trainer: et.Trainer, step: int) -> None:
+        """Lose the slices scheduled to fail during the update of step ``step``."""
+        self._strike(trainer, step, "update")
 
     @et.hookimpl
     def et_before_checkpoint_save(self, trainer: et.Trainer, step: int) -> None:

@@ -32,8 +32,9 @@ class ScaleDown:
         previous one starts the count of ``max_retries`` again (0: never, as
         MaxText counts).
     :param compile_ahead: compile the step for every "one slice fewer" layout
-        in the background after start, so a recovery need not wait for a
-        compile; off saves that work where compiles are cheap or cores few.
+        in the background after start and after each change of the slices in
+        use, so a recovery need not wait for a compile; off saves that work
+        where compiles are cheap or cores few.
     :param drop_stragglers: at a step boundary, go on without the slices in
         use found to be stragglers (``trainer.straggler_factor`` times slower
         than the others for ``trainer.straggler_steps`` steps), as long as

@@ -84,6 +84,7 @@ def lose(slice_, *, at_step=FAIL_AT, phase="train_step"):
 
 PHASES = {  # phase: (what happens, in words; the chaos schedule)
     "train_step": ("slice 1 lost during step 4", [lose(1)]),
+    "update": ("slice 1 lost during the update of step 4 (its gradients computed)", [lose(1, phase="update")]),
     "checkpoint_save": ("slice 1 lost while step 4 is saved", [lose(1, at_step=4, phase="checkpoint_save")]),
     "checkpoint_restore": (
         "an interrupted run resumed from step 2; slice 1 lost while that checkpoint is read",
@@ -409,6 +410,9 @@ CLI_CELLS = {  # (strategy, phase, run): (what fails, the cluster's overrides, t
         "process 0 of 2 killed for good during step 6", processes(2), "[{at_step: 5, slice: 0}]",
         Expected(failures=(("train_step", (0,), "checkpoint", 0),), restores=((1, "checkpoint", 5),),
                  exits=((KILLED, RESTART_EXIT_CODE), (0, 0)))),
+    ("scale_down", "update", "multiprocess"): (  # process 0 holds step 6 after its own update: nothing is lost
+        "process 1 of 2 killed during the update of step 6", processes(2), "[{at_step: 5, slice: 1, phase: update}]",
+        Expected(failures=(("update", (1,), "replica", 0),), restores=((0, "replica", 6),), exits=((0, KILLED),))),
     ("scale_down", "two_slices", "multiprocess"): (  # synchronous saves, as above: step 6's commit is process 0's
         "processes 0 and 2 of 3 killed during step 9 (synchronous saves)",
         [*processes(3), "checkpoint.async_save=false"], "[{at_step: 8, slice: 0}, {at_step: 8, slice: 2}]",
@@ -472,10 +476,11 @@ def processes_of(run_dir: Path) -> list[psutil.Process]:
 
 
 SLOW_CELLS = {("scale_down", "checkpoint_restore", "multiprocess"), ("scale_down", "recovery", "multiprocess"),
-              ("pause_resume", "train_step", "multiprocess")}
-"""Left out of the default suite (``-m slow`` runs them): about 130 s of it, on 2 cores. The pause_resume cell
+              ("pause_resume", "train_step", "multiprocess"), ("scale_down", "update", "multiprocess")}
+"""Left out of the default suite (``-m slow`` runs them): about 190 s of it, on 2 cores. The pause_resume cell
 re-forms the job (its lost process never comes back); tests/test_multiprocess.py has pause_resume taking a
-returning process back in, in the default suite."""
+returning process back in, in the default suite. The update phase is in the default suite in-process, for
+every strategy."""
 
 
 @pytest.mark.parametrize("cell", [pytest.param(c, marks=pytest.mark.slow) if c in SLOW_CELLS else c for c in CLI_CELLS],

@@ -29,6 +29,10 @@ class Recorder:
         self._record("et_step_start", trainer=trainer, step=step)
 
     @et.hookimpl
+    def et_before_update(self, trainer, step):
+        self._record("et_before_update", trainer=trainer, step=step)
+
+    @et.hookimpl
     def et_slice_health(self, trainer):
         self._record("et_slice_health", trainer=trainer)
 
@@ -98,7 +102,7 @@ def test_every_hook_is_prefixed_and_documented():
         assert ":param" in doc, name
 
 
-STEP = ["et_step_start", "et_step_end"]
+STEP = ["et_step_start", "et_before_update", "et_step_end"]
 BOUNDARY = ["et_slice_health", "et_propose_resize"]  # between steps, not after the last
 SAVE = ["et_before_checkpoint_save", "et_after_checkpoint_save"]
 START = ["et_run_start", "et_make_mesh", "et_likely_layouts"]

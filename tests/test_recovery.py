@@ -32,10 +32,6 @@ def params_of(state):
     return [np.asarray(leaf) for leaf in jax.tree.leaves(eqx.filter(state.params, eqx.is_array))]
 
 
-def is_float(array):
-    return np.issubdtype(array.dtype, np.inexact)
-
-
 def assert_params_close(actual, expected):
     assert len(actual) == len(expected)
     for a, b in zip(actual, expected, strict=True):
@@ -69,37 +65,68 @@ def lose(slice_, *, at_step=FAIL_AT, down_for_s=FOREVER, phase="train_step"):
 
 
 class RestoreRecorder:
-    """Records every restore: its step, source, the state handed to plugins, and when (monotonic)."""
+    """Records every restore: its step, source, the state handed to plugins (copied to the host: the next step's
+    update consumes the device buffers), its leaves' devices, and when (monotonic)."""
 
     def __init__(self):
         self.restored = []
 
     @et.hookimpl
     def et_after_restore(self, step, source, state):
-        self.restored.append((step, source, state, time.monotonic()))
+        devices = [set(leaf.sharding.device_set) for leaf in jax.tree.leaves(eqx.filter(state, eqx.is_array))]
+        self.restored.append((step, source, jax.device_get(state), devices, time.monotonic()))
 
 
 # ------------------------------------------------------------------ scale_down, one slice lost for good
 
 
+def shards_of(tree):
+    """Every array of ``tree`` as ``(devices, dtype, [(device, shard on the host)])``, copied now: the next step's
+    update consumes the device buffers."""
+    return [(set(array.sharding.device_set), array.dtype,
+             [(shard.device, np.asarray(shard.data)) for shard in array.addressable_shards])
+            for array in jax.tree.leaves(tree)]
+
+
+def assert_only_the_lost_shards_are_garbage(shards, dead):
+    """NaN (or the largest integer) wherever ``dead`` devices held an array, finite floats elsewhere."""
+    assert any(np.issubdtype(dtype, np.inexact) for _, dtype, _ in shards)
+    for devices, dtype, array_shards in shards:
+        assert dead <= devices
+        for device, data in array_shards:
+            if device in dead:
+                if np.issubdtype(dtype, np.inexact):
+                    assert np.isnan(data).all()
+                else:
+                    assert (data == np.iinfo(data.dtype).max).all()
+            elif np.issubdtype(dtype, np.inexact):
+                assert np.isfinite(data).all()
+
+
+def capture_what_survives(trainer):
+    """Wrap ``trainer.cluster.surviving`` so that each call's lost slices and the shards left of the state
+    (the simulated cluster overwrites the lost slices' shards with NaN) are appended to the list returned."""
+    surviving, captured = trainer.cluster.surviving, []
+
+    def capture(tree, lost_slices):
+        left = surviving(tree, lost_slices)
+        captured.append((list(lost_slices), shards_of(left)))
+        return left
+
+    trainer.cluster.surviving = capture
+    return captured
+
+
 def scale_down_one_lost(make):
     """A scale_down run that loses slice 1 at step 3 for good, with what its recovery saw.
 
-    ``cluster.surviving`` is wrapped to capture what is left of the state once
-    slice 1 is gone (the simulated cluster overwrites its shards with NaN).
+    What is left of the state once slice 1 is gone is captured (``capture_what_survives``).
     """
     if "scale_down_one_lost" not in _cache:
         recorder = RestoreRecorder()
         trainer = et.Trainer(**make(steps=STEPS, global_batch_size=BATCH, strategy=ScaleDown(compile_ahead=False),
                                     plugins=[chaos(lose(1)), recorder]))
-        surviving, captured = trainer.cluster.surviving, []
-
-        def capture(tree, lost_slices):
-            left = surviving(tree, lost_slices)
-            captured.append((list(lost_slices), left))
-            return left
-
-        trainer.cluster.surviving = capture
+        captured = capture_what_survives(trainer)
         state, report = fit(trainer)
         _cache["scale_down_one_lost"] = trainer, state, report, captured, recorder.restored
     return _cache["scale_down_one_lost"]
@@ -128,29 +155,47 @@ def test_recovery_never_reads_the_lost_slice(tiny_trainer_kwargs):
     # What recovery works with has NaN (or the largest integer) wherever slice 1 held the state...
     [(lost, left)] = captured
     assert lost == [1]
-    float_leaves = [a for a in jax.tree.leaves(left) if is_float(a)]
-    assert float_leaves
-    for array in jax.tree.leaves(left):
-        assert dead <= set(array.sharding.device_set)
-        for shard in array.addressable_shards:
-            data = np.asarray(shard.data)
-            if shard.device in dead:
-                if is_float(array):
-                    assert np.isnan(data).all()
-                else:
-                    assert (data == np.iinfo(data.dtype).max).all()
-            elif is_float(array):
-                assert np.isfinite(data).all()
+    assert_only_the_lost_shards_are_garbage(left, dead)
     # ...yet the restored state is whole, off slice 1, and exactly the state before the failed step.
-    [(step, source, restored_state, _)] = restored
+    [(step, source, restored_state, devices, _)] = restored
     assert (step, source) == (FAIL_AT, "replica")
     restored_params = params_of(restored_state)
     for leaf in restored_params:
         assert np.isfinite(leaf).all()
-    for leaf in jax.tree.leaves(eqx.filter(restored_state, eqx.is_array)):
-        assert not dead & set(leaf.sharding.device_set)
+    assert devices and not any(dead & leaf_devices for leaf_devices in devices)
     assert int(restored_state.step) == FAIL_AT and int(restored_state.data_position) == FAIL_AT * BATCH
     assert_params_close(restored_params, baseline_params(tiny_trainer_kwargs, steps=FAIL_AT))
+
+
+def test_a_slice_lost_during_the_update_takes_only_its_groups_new_state(tiny_trainer_kwargs):
+    """The update of step 4 runs as one program per half of the slices ({0, 1} and {2, 3}), the state donated; a
+    slice lost during it takes its half's new state (its program failed), and the other half holds it whole:
+    the run restores step 4 from that half, loses no step, and trains on like a failure-free run. (The fault
+    matrix's update rows lose slice 1, of the first half.)"""
+    lost_slice = 2
+    recorder = RestoreRecorder()
+    trainer = et.Trainer(**tiny_trainer_kwargs(steps=STEPS, global_batch_size=BATCH, strategy=ScaleDown(compile_ahead=False),
+                                               plugins=[chaos(lose(lost_slice, phase="update")), recorder]))
+    captured = capture_what_survives(trainer)
+    state, report = fit(trainer)
+    assert state is not None, report["stopped"]
+    [failure] = report["failures"]
+    # the step the update belonged to is done: the failure comes after it, and nothing is lost
+    assert (failure["step"], failure["phase"], failure["slices"]) == (FAIL_AT + 1, "update", [lost_slice])
+    assert (failure["restored_from"], failure["lost_steps"], failure["slices_after"]) == ("replica", 0, 3)
+    group = {2, 3}
+    [(gone, left)] = captured
+    assert set(gone) == group  # the lost slice's partner holds nothing of the step either
+    all_devices = trainer.cluster.slice_devices()
+    assert_only_the_lost_shards_are_garbage(left, {d for s in group for d in all_devices[s]})
+    [(step, source, restored_state, devices, _)] = restored = recorder.restored
+    assert (step, source) == (FAIL_AT + 1, "replica")
+    assert not any(set(all_devices[lost_slice]) & leaf_devices for leaf_devices in devices)
+    assert int(restored_state.step) == FAIL_AT + 1 and int(restored_state.data_position) == (FAIL_AT + 1) * BATCH
+    assert_params_close(params_of(restored_state), baseline_params(tiny_trainer_kwargs, steps=FAIL_AT + 1))
+    assert report["steps_completed"] == STEPS
+    assert report["samples"] == {"consumed": STEPS * BATCH, "duplicated": 0, "skipped": 0}
+    assert_params_close(params_of(state), baseline_params(tiny_trainer_kwargs, steps=STEPS))
 
 
 # ------------------------------------------------------------------ scale_down, slice back soon
@@ -223,7 +268,7 @@ def test_pause_resume_waits_for_the_slice_then_resumes_on_all_slices(tiny_traine
     assert (failure["action"], failure["slices"], failure["restored_from"]) == ("pause_resume", [1], "replica")
     assert (failure["slices_before"], failure["slices_after"], failure["lost_steps"]) == (4, 4, 0)
     # The restore happened only once slice 1 was back; the wait took (almost all of) its 1.5 s down time.
-    [fail_time], [(_, _, _, restore_time)] = failed_at, recorder.restored
+    [fail_time], [(_, _, _, _, restore_time)] = failed_at, recorder.restored
     assert restore_time - fail_time >= 1.5
     assert failure["waiting_s"] >= 1.0
     assert report["badput_s"]["waiting_for_slices"] >= 1.0
@@ -328,7 +373,7 @@ def test_losing_every_slice_waits_for_them_and_restores_the_host_snapshot(tiny_t
     assert (failure["step"], failure["slices"], failure["restored_from"]) == (FAIL_AT, [0, 1, 2, 3], "snapshot")
     assert failure["lost_steps"] == FAIL_AT - 2  # the last snapshot was taken after step 2
     assert failure["ended_run"] is False and failure["recovery_s"] > 0
-    [(_, _, _, restored_at)] = recorder.restored
+    [(_, _, _, _, restored_at)] = recorder.restored
     assert restored_at >= min(back_at)  # restored only once a slice was back
     assert report["steps_completed"] == STEPS and int(state.step) == STEPS
     assert report["samples"] == {"consumed": STEPS * BATCH, "duplicated": 0, "skipped": 0}

@@ -121,7 +121,8 @@ def test_scale_down_waits_when_every_slice_is_lost_and_restores_the_snapshot(soa
     assert [f["step"] for f in all_lost] == list(ALL_DOWN_AT)
     for failure in all_lost:
         assert (failure["action"], failure["restored_from"]) == ("scale_down", "snapshot")
-        assert 0 < failure["lost_steps"] <= SNAPSHOT_PERIOD
+        # the snapshot of the newest multiple of the period (copied to the host when that step ended)
+        assert failure["lost_steps"] == failure["step"] % SNAPSHOT_PERIOD
         assert failure["waiting_s"] > 0 and failure["slices_after"] >= 1
 
 
@@ -137,7 +138,8 @@ def test_compiled_steps_and_memory_stay_bounded(soak):
     assert len(layouts_visited) > MAX_LAYOUTS, "the soak never filled the step cache"
     assert trainer._ctx.step_cache.evicted > 0
     executables = [live for *_, live in probe.samples]
-    assert max(executables) - min(executables) <= MAX_LAYOUTS
+    # a layout's step is its gradients program and the update programs of its two halves (shared by layouts)
+    assert max(executables) - min(executables) <= MAX_LAYOUTS * 3
     warm = [sample for sample in probe.samples if sample[0] >= WARM_UP_STEPS]
     (_, first_failures, first_rss, _), (_, last_failures, last_rss, _) = warm[0], warm[-1]
     assert last_failures - first_failures >= 20

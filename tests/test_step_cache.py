@@ -11,22 +11,24 @@ import optax
 
 import elastic_trainer as et
 from elastic_trainer._state import init_train_state
-from elastic_trainer._step import make_step_fn
+from elastic_trainer._step import make_step_phases
 from elastic_trainer._goodput import GoodputClock
 from elastic_trainer._layouts import Layouts
 from elastic_trainer._records import Layout
 from elastic_trainer._step_cache import StepCache
+from elastic_trainer.clusters._base import halves
 from elastic_trainer_plugins.scale_down import ScaleDown
 
 BATCH = 8
 
 
-def new_cache(max_layouts: int) -> StepCache:
+def new_cache(max_layouts: int, **kwargs) -> StepCache:
     model = et.Transformer(vocab_size=16, seq_len=8, d_model=16, num_heads=2, num_layers=1, key=jax.random.key(0))
     optimizer = optax.adam(1e-2)
     arrays, static = eqx.partition(init_train_state(model, optimizer, key=jax.random.key(1)), eqx.is_array)
-    step_fn = make_step_fn(et.next_token_loss, optimizer, static)
-    return StepCache(step_fn, arrays, np.zeros((1, 9), np.int32), within_slice="replicated", max_layouts=max_layouts)
+    phases = make_step_phases(et.next_token_loss, optimizer, static, arrays)
+    return StepCache(phases, arrays, np.zeros((1, 9), np.int32), within_slice="replicated", max_layouts=max_layouts,
+                     **kwargs)
 
 
 def mesh_of(slice_: int) -> jax.sharding.Mesh:
@@ -52,6 +54,21 @@ def test_the_least_recently_used_layout_goes_first():
     assert cached(cache, 0) is False
     assert (len(cache), cache.evicted) == (2, 2)
     assert cached(cache, 1) is True and cached(cache, 2) is False
+
+
+def test_a_layout_with_one_slice_fewer_shares_the_other_halfs_update_program():
+    # the update's groups are the halves of the cluster's 4 slices, so slices 2 and 3 are partners in both layouts:
+    # the layout that lost slice 1 compiles (and first runs) the update of slice 0 alone, and reuses theirs
+    cache = new_cache(max_layouts=2, update_groups=lambda slices: halves(slices, 4))
+    devices = jax.devices()
+    layout = lambda slices: et.make_mesh([devices[2 * s: 2 * s + 2] for s in slices])  # noqa: E731
+    full = cache.get(layout([0, 1, 2, 3]), 24, [0, 1, 2, 3])[0]  # 24 samples divide over 8 and 6 devices
+    fewer = cache.get(layout([0, 2, 3]), 24, [0, 2, 3])[0]
+    assert [group.slices for group in full.groups] == [(0, 1), (2, 3)]
+    assert [group.slices for group in fewer.groups] == [(0,), (2, 3)]
+    assert fewer.groups[1].compiled is full.groups[1].compiled
+    assert fewer.groups[0].compiled is not full.groups[0].compiled
+    assert halves([2, 3], 4) == ((2,), (3,)) and halves([3], 4) == ((3,),)  # within one half: its halves
 
 
 def test_the_layout_in_use_stays_and_compiling_ahead_keeps_within_the_bound():
@@ -152,13 +169,17 @@ class LikelyLayouts:
 
 
 class QueuedCompiles:
-    """A step cache that notes the order of the compiles asked for ahead."""
+    """A step cache that notes the order of the compiles asked for ahead, and which stay queued."""
 
     def __init__(self):
         self.queued = []
+        self.kept = None
 
     def compile_ahead(self, mesh, batch_size, slices):
         self.queued.append(slices)
+
+    def drop_queued(self, keep):
+        self.kept = sorted(keep)
 
 
 def test_the_layouts_compiled_ahead_first_drop_the_slices_that_failed_most_often():
@@ -172,3 +193,41 @@ def test_the_layouts_compiled_ahead_first_drop_the_slices_that_failed_most_often
     full = Layout((0, 1, 2, 3), et.make_mesh(cluster.slice_devices()), 24, 1.0, None, None, 0.0, False)
     layouts.compile_likely(full)
     assert steps.queued == [(0, 1, 3), (1, 2, 3), (0, 2, 3), (0, 1, 2)]  # slice 2 failed twice, slice 0 once
+
+
+class OneSliceFewer(LikelyLayouts):
+    def et_likely_layouts(self, trainer):
+        return [[[s for s in trainer.slices if s != lost] for lost in trainer.slices]]
+
+
+def test_the_likely_layouts_are_queued_once_per_layout_in_use_and_those_of_the_old_one_dropped():
+    cluster = et.SimulatedCluster(slices=4, devices_per_slice=2)
+    steps, view = QueuedCompiles(), type("View", (), {"slices": (0, 1, 2, 3)})()
+    layouts = Layouts(cluster=cluster, hooks=OneSliceFewer(), view=view, clock=GoodputClock(), steps=steps,
+                      global_batch_size=24)
+    layout = lambda slices: Layout(slices, et.make_mesh([cluster.slice_devices()[s] for s in slices]), 24, 1.0,  # noqa: E731
+                                   None, None, 0.0, False)
+    layouts.compile_likely(layout((0, 1, 2, 3)))
+    layouts.compile_likely(layout((0, 1, 2, 3)))  # after the next step on the same layout: nothing new
+    assert len(steps.queued) == 4
+    view.slices = (0, 2, 3)  # slice 1 lost: the run goes on with a new layout
+    layouts.compile_likely(layout((0, 2, 3)))
+    assert steps.queued[4:] == [(2, 3), (0, 3), (0, 2)]
+    assert steps.kept == [(0, 2), (0, 3), (2, 3)]  # any other compile not started yet is dropped
+
+
+def test_compiles_queued_ahead_that_did_not_start_are_dropped_but_those_to_keep():
+    cache = new_cache(max_layouts=4)
+    cached(cache, 0)
+    release = threading.Event()
+    cache._background.submit(release.wait, 120)  # holds the background thread: the compiles ahead stay queued
+    for slice_ in (1, 2):
+        cache.compile_ahead(mesh_of(slice_), BATCH, slices=(slice_,))
+    cache.drop_queued(keep=[(2,)])
+    assert (len(cache), cache.compiled_ahead) == (2, 1)  # the layout in use and slice 2's
+    release.set()
+    cache._background.submit(lambda: None).result()  # one background thread, in order: slice 2's compile is done
+    assert cached(cache, 2) is True and cached(cache, 1) is False
+    by_slices = {record.slices: record for record in cache.records}
+    assert by_slices[(1,)].ahead and by_slices[(1,)].started_at is None  # dropped before it started: recorded so
+    cache.close()

@@ -11,6 +11,26 @@ from jaxtyping import PyTree
 from .._failures import ConfigError
 
 
+def halves(slices: Sequence[int], total: int | None = None) -> tuple[tuple[int, ...], ...]:
+    """``slices`` in two groups: those in the first and in the second half of all ``total`` slices (by default
+    up to the largest in ``slices``), or where they all fall in one half, in the halves of that half, and so on
+    (one group for one slice).
+
+    The halves are the cluster's, not the layout's, so that a slice has the
+    same partners in every layout it is in: a layout with one slice fewer
+    shares the other half's update program with the layout before it
+    (compiled and run already), and compiles and first runs only one.
+    """
+    low, high = 0, total if total is not None else max(slices, default=0) + 1
+    while high - low > 1:
+        middle = (low + high + 1) // 2
+        first, rest = tuple(s for s in slices if s < middle), tuple(s for s in slices if s >= middle)
+        if first and rest:
+            return first, rest
+        low, high = (low, middle) if first else (middle, high)
+    return (tuple(slices),)
+
+
 class AbstractCluster(abc.ABC):
     """A set of devices grouped into slices of equal size."""
 
@@ -48,6 +68,29 @@ class AbstractCluster(abc.ABC):
         started from. Real runtimes raise from the step itself, so by default
         this does nothing.
         """
+
+    def check_gradients(self, slices: Sequence[int], *, since: tuple[int, ...]) -> None:
+        """Raise what the hardware raises if a slice in ``slices`` was lost while a step's gradients were computed
+        (they are ready on this process): before its update, which consumes the state.
+
+        ``since`` is as for :meth:`check_step`. Real runtimes raise from the
+        gradients' program itself (it spans every slice), so by default this
+        does nothing.
+        """
+
+    def update_groups(self, slices: Sequence[int]) -> tuple[tuple[int, ...], ...]:
+        """How the optimizer's update of a step on ``slices`` splits into programs, each over one group of them,
+        the state donated to it (docs/architecture.md, "Donation").
+
+        A slice lost during the update takes its group's new state with it (a
+        failed program loses what was donated to it); every other group holds
+        the state after the step. By default two halves (:func:`halves` of
+        the cluster's slices): on a single controller one program over every
+        slice fails as a whole. A runtime whose processes each run their own
+        part of a program, with no collective between them in the update,
+        gives every slice a group of its own.
+        """
+        return halves(slices, len(self.slice_devices()))
 
     def step_dispatched(self) -> None:
         """Called on the training thread each time a step has been dispatched; by default nothing."""

@@ -103,15 +103,23 @@ class SimulatedCluster(AbstractInjectableCluster):
     def incarnations(self) -> tuple[int, ...]:
         return tuple(self._failures)
 
+    def check_gradients(self, slices: Sequence[int], *, since: tuple[int, ...]) -> None:
+        self._raise_if_lost(slices, since, "while the step's gradients were computed")
+
     def check_step(self, slices: Sequence[int], *, since: tuple[int, ...]) -> None:
+        self._raise_if_lost(slices, since, "during the step")
+        self._step_seconds = self._time_slices(slices)
+
+    def _raise_if_lost(self, slices: Sequence[int], since: tuple[int, ...], when: str) -> None:
+        """Wait for the hung slices of ``slices`` to come back, then raise ``DATA_LOSS`` for those lost since
+        ``since``."""
         for index in self._hung & set(slices):  # a hung slice holds the step until it is back
             time.sleep(max(0.0, self._down_until[index] - time.monotonic()))
         healthy = set(self.healthy_slices())
         lost = [s for s in slices if s not in healthy or self._failures[s] != since[s]]
         if lost:
             self._dispatched_at = None
-            raise SliceLostError(f"DATA_LOSS: simulated slice(s) {lost} lost during the step", slices=lost)
-        self._step_seconds = self._time_slices(slices)
+            raise SliceLostError(f"DATA_LOSS: simulated slice(s) {lost} lost {when}", slices=lost)
 
     def step_dispatched(self) -> None:
         self._dispatched_at = time.monotonic()
@@ -136,8 +144,8 @@ class SimulatedCluster(AbstractInjectableCluster):
         dead = {device for index in lost_slices for device in all_slices[index]}
 
         def destroy(array: jax.Array) -> jax.Array:
-            if not isinstance(array, jax.Array) or not dead & set(array.sharding.device_set):
-                return array
+            if not isinstance(array, jax.Array) or array.is_deleted() or not dead & set(array.sharding.device_set):
+                return array  # a deleted array was consumed by an update: nothing of it is left to read
             garbage = np.nan if np.issubdtype(array.dtype, np.inexact) else np.iinfo(array.dtype).max
             shards = [
                 jax.device_put(np.full(shard.data.shape, garbage, array.dtype), shard.device)
