@@ -13,7 +13,7 @@ are the default job's (``python -m elastic_trainer``). Writes report.json
 maxtext_style.json: the step each attempt started from, and each step's start
 and end (``time.time()``).
 
-    python benchmarks/maxtext_style.py RUN_DIR --fail-at 50 [--steps 160] [--down-for-s 5] [--checkpoint-period 10]
+    python benchmarks/maxtext_style.py RUN_DIR --fail-at 50 [--steps 160] [--down-for-s 5] [--checkpoint-period 10] [overrides ...]
 """
 
 from __future__ import annotations
@@ -42,11 +42,12 @@ from elastic_trainer_plugins.chaos import Chaos  # noqa: E402
 from elastic_trainer_plugins.scale_down import ScaleDown  # noqa: E402
 
 
-def default_job(steps: int) -> et.Trainer:
-    """The default job's trainer, for its model, loss, optimizer, data, seed and batch (it is not run)."""
+def default_job(steps: int, overrides: list[str]) -> et.Trainer:
+    """The default job's trainer with ``overrides``, for its model, loss, optimizer, data, seed and batch (it is
+    not run)."""
     register_configs()
     with initialize_config_module(CONFIG_MODULE, version_base=None):
-        cfg = compose("config", overrides=[f"trainer.steps={steps}", "checkpoint.enabled=false"])
+        cfg = compose("config", overrides=[*overrides, f"trainer.steps={steps}", "checkpoint.enabled=false"])
     return build_trainer(cfg)  # its cluster configures JAX, and the compilation cache as the config says
 
 
@@ -57,8 +58,9 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=160)
     parser.add_argument("--down-for-s", type=float, default=5.0)
     parser.add_argument("--checkpoint-period", type=int, default=10)
-    args = parser.parse_args()
-    job = default_job(args.steps)
+    parser.add_argument("overrides", nargs="*", help="Hydra overrides of the default job (model.d_model=512, ...)")
+    args = parser.parse_intermixed_args()
+    job = default_job(args.steps, args.overrides)
     log: dict[str, list] = {"started_from": [], "steps": []}
     options = ocp.CheckpointManagerOptions(save_interval_steps=args.checkpoint_period, enable_async_checkpointing=True)
     failure = {"at_step": args.fail_at, "slice": 1, "down_for_s": args.down_for_s}

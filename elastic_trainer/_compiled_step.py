@@ -1,147 +1,138 @@
-"""A layout's compiled step: the gradients program over every slice, one update program per group of slices, and
-the views that hand the state from one to the other without a copy."""
+"""A layout's compiled step, and how it runs: one donating program, or the gradients and then the update.
+
+Which one a layout gets is the cluster's (:attr:`AbstractCluster.independent_processes`,
+docs/architecture.md, "The step"). Both run the same way from outside: the
+runner (a :class:`StepMonitor`) is told when the step is launched and
+dispatched, and waits for it; a failure after the state was donated raises
+:class:`StepInterrupted`.
+"""
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
-from typing import Any
+from typing import Any, Protocol
 
 import jax
 import numpy as np
-from jax._src.array import ArrayImpl
-from jax.sharding import Mesh, NamedSharding
+from jax.sharding import Mesh
+from jaxtyping import PyTree
 
+from ._failures import StepInterrupted
 from ._mesh import replicated
 
-LeafLayout = tuple[jax.core.ShapedArray, NamedSharding]
-"""One array's shape and dtype, and its sharding."""
+
+class StepMonitor(Protocol):
+    """What a compiled step calls while it runs (the :class:`~elastic_trainer._step_runner.StepRunner`)."""
+
+    def launching(self) -> None:
+        """Just before the step's first program is dispatched: a slice known to be lost raises here, the state
+        still whole."""
+
+    def dispatched(self) -> None:
+        """The step's first program is dispatched: what the host does while the devices work goes here."""
+
+    def made(self, leaves: list[jax.Array]) -> None:
+        """The program that makes the new state's ``leaves`` is dispatched (they are not ready yet)."""
+
+    def before_update(self) -> None:
+        """The step's update is about to consume the state (in a fused step: it runs, dispatched)."""
+
+    def wait(self, pending: list[jax.Array], *, end: bool) -> None:
+        """Wait for ``pending`` and check the cluster: after the gradients, or at the step's ``end``."""
 
 
-def assemble(aval: jax.core.ShapedArray, sharding: NamedSharding, buffers: list[jax.Array]) -> jax.Array:
-    """The array over ``sharding`` made of ``buffers`` (its addressable devices' single-device arrays, in the
-    sharding's order), copying nothing and checking nothing.
+class DeviceScalars:
+    """``lr_scale`` and ``batch_size`` on a mesh's devices, put there once per value."""
 
-    What ``jax.make_array_from_single_device_arrays`` makes, without its
-    checks of every buffer: measured here, 40-50 us an array against 8 us,
-    and a step makes some 250 such views (jax 0.10.2, where this constructor
-    lives; the callers take the buffers in the order of a layout's own devices).
-    """
-    return ArrayImpl(aval, sharding, buffers, committed=True, _skip_checks=True)
+    def __init__(self, mesh: Mesh):
+        self._sharding = replicated(mesh)
+        self._values: dict[tuple, tuple[jax.Array, jax.Array]] = {}
 
-
-@dataclasses.dataclass(frozen=True)
-class GroupUpdate:
-    """The update program of one group of a layout's slices, and where its devices' buffers sit in the layout's
-    arrays.
-
-    :param slices: the group's slices.
-    :param compiled: the update program over the group's mesh (the state donated).
-    :param mesh: the group's mesh.
-    :param state: the state's leaves on the group's mesh (the program's input and output).
-    :param gradients: the gradients' leaves on the group's mesh.
-    :param positions: for each of the group's devices on this process, in the group's order, its place among
-        the layout's arrays' buffers (their devices on this process, in the layout's order).
-    """
-
-    slices: tuple[int, ...]
-    compiled: Any
-    mesh: Mesh
-    state: tuple[LeafLayout, ...]
-    gradients: tuple[LeafLayout, ...]
-    positions: tuple[int, ...]
-    _scalars: dict = dataclasses.field(default_factory=dict, compare=False, repr=False)
-
-    def scalars(self, lr_scale: float, batch_size: int) -> tuple[jax.Array, jax.Array]:
-        """``lr_scale`` and ``batch_size`` on the group's devices, put there once."""
+    def get(self, lr_scale: float, batch_size: int) -> tuple[jax.Array, jax.Array]:
         key = (lr_scale, batch_size)
-        if key not in self._scalars:
-            self._scalars[key] = jax.device_put((np.float32(lr_scale), np.int32(batch_size)), replicated(self.mesh))
-        return self._scalars[key]
-
-    def run(self, leaves: list[jax.Array], gradients: list[jax.Array], *, lr_scale: float, batch_size: int
-            ) -> list[jax.Array]:
-        """Dispatch the update of ``leaves`` by ``gradients`` (the group's views), ``leaves`` donated."""
-        return self.compiled(leaves, gradients, *self.scalars(lr_scale, batch_size))
-
-
-def views(leaves: Sequence[jax.Array], layouts: Sequence[LeafLayout], positions: Sequence[int]) -> list[jax.Array]:
-    """``leaves`` cut down to the devices at ``positions`` of their buffers, as arrays of ``layouts``."""
-    return [assemble(aval, sharding, [leaf._arrays[p] for p in positions])
-            for leaf, (aval, sharding) in zip(leaves, layouts, strict=True)]
+        if key not in self._values:
+            self._values[key] = jax.device_put((np.float32(lr_scale), np.int32(batch_size)), self._sharding)
+        return self._values[key]
 
 
 @dataclasses.dataclass(frozen=True)
-class CompiledStep:
-    """A layout's step (docs/architecture.md, "Donation"): ``gradients`` over every slice, then one update per
-    group of slices (:meth:`~elastic_trainer.AbstractCluster.update_groups`) that has devices on this process.
+class FusedStep:
+    """The step as one program over the layout's mesh, the state donated (a hand-written loop's step).
 
-    :param gradients: the gradients program over the layout's mesh (nothing donated).
-    :param groups: the update of each group of slices with devices on this process.
-    :param state: the state's leaves on the layout.
-    :param gradient_leaves: the positions in ``state`` of the leaves that have a gradient.
-    :param join_order: for each of the layout's devices on this process, in order: the group (its index in
-        ``groups``) and the device's place among that group's buffers.
+    A failure while it runs loses the state on every slice: the program
+    consumed it. The runner then raises :class:`StepInterrupted` without arrays,
+    and the state comes back from the host snapshot or a checkpoint.
+
+    :param program: the compiled step (:func:`~elastic_trainer._step.compile_step`).
+    :param scalars: the step's scalar arguments on the mesh.
     """
 
-    gradients: Any
-    groups: tuple[GroupUpdate, ...]
-    state: tuple[LeafLayout, ...]
-    gradient_leaves: tuple[int, ...]
-    join_order: tuple[tuple[int, int], ...]
+    program: Any
+    scalars: DeviceScalars
 
     @property
     def executables(self) -> tuple[Any, ...]:
         """Every program one step runs (what ``benchmarks/memory.py`` accounts)."""
-        return (self.gradients, *(group.compiled for group in self.groups))
+        return (self.program,)
 
-    def cut(self, leaves: Sequence[jax.Array], *, gradients: bool = False) -> list[list[jax.Array]]:
-        """``leaves`` on the layout (the state's, or with ``gradients`` the gradients') as each group's views of
-        them, in the order of ``groups``. Views of arrays still being computed are fine: nothing is read."""
-        return [views(leaves, group.gradients if gradients else group.state, group.positions) for group in self.groups]
-
-    def update(self, parts: Sequence[list[jax.Array]], gradients: Sequence[list[jax.Array]], *, lr_scale: float,
-               batch_size: int) -> list[list[jax.Array] | BaseException]:
-        """Dispatch every group's update of its part of the state (``parts``, from :meth:`cut` or :meth:`join`)
-        by its part of the gradients; each group's new state leaves, or what its dispatch raised.
-
-        Every view is made before any update is dispatched: donating a view
-        takes the buffers of the layout's array it was cut from.
-        """
-        outcomes: list[list[jax.Array] | BaseException] = []
-        for group, state, grads in zip(self.groups, parts, gradients, strict=True):
-            try:
-                outcomes.append(group.run(state, grads, lr_scale=lr_scale, batch_size=batch_size))
-            except Exception as error:  # noqa: BLE001 - that group's update did not run; the others' may have
-                outcomes.append(error)
-        return outcomes
-
-    def join(self, parts: Sequence[Sequence[jax.Array]]) -> list[jax.Array]:
-        """The state's leaves on the layout, made of every group's (``parts``, in the order of ``groups``): the
-        next step's :meth:`update` takes ``parts`` as they are."""
-        joined = []
-        for index, (aval, sharding) in enumerate(self.state):
-            buffers = [part[index]._arrays for part in parts]
-            joined.append(assemble(aval, sharding, [buffers[group][place] for group, place in self.join_order]))
-        return joined
+    def run(self, leaves: list[jax.Array], batch: PyTree, *, lr_scale: float, batch_size: int,
+            monitor: StepMonitor) -> tuple[list[jax.Array], jax.Array]:
+        """Run the step on ``leaves`` (donated) and ``batch`` to its end; the new leaves and the loss."""
+        monitor.launching()
+        try:
+            new_leaves, loss = self.program(leaves, batch, self.scalars.get(lr_scale, batch_size)[0])
+        except Exception as error:  # noqa: BLE001 - it did not run: the donated state may be gone
+            raise StepInterrupted(error, leaves=None, loss=None) from error
+        monitor.dispatched()
+        monitor.made(new_leaves)
+        monitor.before_update()
+        try:
+            monitor.wait([*new_leaves, loss], end=True)
+        except Exception as error:
+            raise StepInterrupted(error, leaves=None, loss=None) from error
+        return new_leaves, loss
 
 
-def build_compiled_step(gradients: Any, state: Sequence[LeafLayout], gradient_leaves: Sequence[int],
-                        groups: Sequence[tuple[tuple[int, ...], Any, Mesh, Sequence[LeafLayout]]]) -> CompiledStep:
-    """A :class:`CompiledStep` from its programs: ``gradients`` over the layout (whose state leaves are
-    ``state``), and for each group of slices with devices here ``(slices, compiled update, mesh, state leaves on
-    the group's mesh)``."""
-    here = list(state[0][1]._addressable_device_assignment)  # the layout's devices here, in its arrays' order
-    updates, join_order = [], {}
-    for index, (slices, compiled, mesh, group_state) in enumerate(groups):
-        devices = list(group_state[0][1]._addressable_device_assignment)
-        for place, device in enumerate(devices):
-            join_order[here.index(device)] = (index, place)
-        updates.append(GroupUpdate(
-            slices=slices, compiled=compiled, mesh=mesh, state=tuple(group_state),
-            gradients=tuple(group_state[i] for i in gradient_leaves),
-            positions=tuple(here.index(device) for device in devices),
-        ))
-    return CompiledStep(gradients=gradients, groups=tuple(updates), state=tuple(state),
-                        gradient_leaves=tuple(gradient_leaves),
-                        join_order=tuple(join_order[position] for position in range(len(here))))
+@dataclasses.dataclass(frozen=True)
+class SplitStep:
+    """The step as two programs over the layout's mesh: the gradients (nothing donated), then the update (the
+    state donated, no collective).
+
+    For a runtime where each process runs its own part of every program:
+    a process lost during the gradients leaves every other the state before
+    the step; one lost during the update, the state after it.
+
+    :param gradients: the compiled gradients (:func:`~elastic_trainer._step.compile_gradients`).
+    :param update: the compiled update (:func:`~elastic_trainer._step.compile_update`).
+    :param scalars: the update's scalar arguments on the mesh.
+    """
+
+    gradients: Any
+    update: Any
+    scalars: DeviceScalars
+
+    @property
+    def executables(self) -> tuple[Any, ...]:
+        """Every program one step runs (what ``benchmarks/memory.py`` accounts)."""
+        return (self.gradients, self.update)
+
+    def run(self, leaves: list[jax.Array], batch: PyTree, *, lr_scale: float, batch_size: int,
+            monitor: StepMonitor) -> tuple[list[jax.Array], jax.Array]:
+        """Run the step on ``leaves`` and ``batch`` to its end; the new leaves and the loss. A failure before the
+        update raises as it is (``leaves`` are whole); one during it, :class:`StepInterrupted` with the new leaves,
+        whole on the processes that live."""
+        monitor.launching()
+        gradients, loss = self.gradients(leaves, batch)
+        monitor.dispatched()
+        monitor.wait([*gradients, loss], end=False)
+        monitor.before_update()
+        try:
+            new_leaves = self.update(leaves, gradients, *self.scalars.get(lr_scale, batch_size))
+        except Exception as error:  # noqa: BLE001 - it did not run: the donated state may be gone, here too
+            raise StepInterrupted(error, leaves=None, loss=loss) from error
+        monitor.made(new_leaves)
+        try:
+            monitor.wait(new_leaves, end=True)
+        except Exception as error:
+            raise StepInterrupted(error, leaves=new_leaves, loss=loss) from error
+        return new_leaves, loss

@@ -40,25 +40,22 @@ class StepTimeoutError(SliceLostError):
     """A step ran past ``trainer.step_timeout_s``: treated like a lost slice, found by health checks."""
 
 
-class UpdateInterrupted(Exception):
-    """A failure while a step's update ran, after its gradients were computed everywhere.
+class StepInterrupted(Exception):
+    """A failure after a step's program took the state (it is donated), raised by the compiled step.
 
-    The update runs as one program per group of slices, the state donated
-    to it: the groups without a lost slice hold the state after the step
-    (``arrays``), a lost slice's group holds nothing. ``arrays`` is ``None``
-    when an update could not even start: then no group holds a whole state.
+    ``leaves`` is ``None`` when no slice holds a whole state any more (the
+    fused step failed, or an update could not start); else the state after
+    the step, whole on the processes that live (the update of a split step
+    failed elsewhere: each process ran its own part).
 
     :param error: what the failure raised (classified like any other).
-    :param arrays: the state after the step on the step's layout, or ``None``.
-    :param metrics: the step's metrics.
-    :param groups: the groups of slices the update ran in.
+    :param leaves: the state's leaves after the step, or ``None``.
+    :param loss: the step's loss, when the step is done (with ``leaves``).
     """
 
-    def __init__(self, error: BaseException, *, arrays, metrics: dict, groups: tuple[tuple[int, ...], ...]):
+    def __init__(self, error: BaseException, *, leaves: list | None, loss):
         super().__init__(str(error))
-        self.error, self.arrays, self.metrics, self.groups = error, arrays, metrics, groups
-        self.committed = None
-        """The loop's state once the trainer committed the step (a :class:`LoopState`)."""
+        self.error, self.leaves, self.loss = error, leaves, loss
 
 
 @dataclasses.dataclass(frozen=True)

@@ -175,8 +175,11 @@ class GuardedHooks:
         self._manager = manager
 
     def __getattr__(self, name: str):
+        """The hook ``name``, guarded if it is an observer's; made once, then an attribute of its own (a hook is
+        called every step)."""
         caller = getattr(self._manager.hook, name)
         if name not in OBSERVER_HOOKS:
+            self.__dict__[name] = caller
             return caller
 
         def call(**kwargs):
@@ -190,6 +193,7 @@ class GuardedHooks:
                     "training stopped with its state as it was before the hook; fix or remove the plugin."
                 ) from error
 
+        self.__dict__[name] = call
         return call
 
 

@@ -62,8 +62,8 @@ class LoopState:
     :param at_boundary: between two steps, the previous one committed (and saved if due):
         where the slices in use may change.
     :param pending: the recovery that ends with the next productive step, if any.
-    :param update_groups: set when the update of step ``step`` was interrupted by a failure: the groups of
-        slices it ran in. A group with a lost slice holds nothing whole; the others hold ``arrays``.
+    :param consumed: the step after ``step`` took ``arrays`` (they were donated to it) and failed: no slice
+        holds them any more.
     """
 
     arrays: PyTree
@@ -75,7 +75,7 @@ class LoopState:
     save_due: bool = False
     at_boundary: bool = False
     pending: PendingRecovery | None = None
-    update_groups: tuple[tuple[int, ...], ...] = ()
+    consumed: bool = False
 
 
 @dataclasses.dataclass(frozen=True)

@@ -274,7 +274,7 @@ def _recover_from(ctx: TrainingContext, failure: Failure, index: int, error: Exc
         raise TrainingStopped(f"{plan.action}: {bad_layout}") from error
     remesh_s = time.time() - begin - new.compile_s
     begin = time.time()
-    arrays, source, restored_step = restore(ctx, arrays, old, survivors, new, step=step)
+    arrays, source, restored_step = restore(ctx, arrays, old, survivors, new, step=step, consumed=state.consumed)
     record = ctx.failures.amend(
         index, compile_s=new.compile_s, compile_cached=new.compile_cached, remesh_s=remesh_s,
         restore_s=time.time() - begin, restored_from=source, lost_steps=step - restored_step,
@@ -284,7 +284,7 @@ def _recover_from(ctx: TrainingContext, failure: Failure, index: int, error: Exc
     recovered = LoopState(
         arrays, new, step=int(arrays.step), position=int(arrays.data_position),
         incarnations=ctx.cluster.incarnations(), pending=PendingRecovery(index, record.failed_at),
-        save_due=state.save_due and bool(state.update_groups) and restored_step == step,  # its update was interrupted
+        save_due=state.save_due and failure.phase == "update" and restored_step == step,  # committed, not saved yet
     )
     if returning:  # replacements of lost slices came back while the plan waited
         recovered = take_back(ctx, recovered, sorted([*healthy, *returning]), returning)
@@ -293,23 +293,27 @@ def _recover_from(ctx: TrainingContext, failure: Failure, index: int, error: Exc
 
 
 def gone_slices(state: LoopState, lost: Sequence[int]) -> tuple[int, ...]:
-    """The slices of ``state``'s layout that hold nothing of it once ``lost`` are lost: those, and after an
-    interrupted update (``state.update_groups``) every slice of a group that lost one (its update failed)."""
-    groups = [group for group in state.update_groups if set(group) & set(lost)]
-    return tuple(s for s in state.layout.slices if s in lost or any(s in group for group in groups))
+    """The slices of ``state``'s layout that hold nothing of it once ``lost`` are lost: those, or every one when
+    the failed step had taken the state (``state.consumed``)."""
+    return state.layout.slices if state.consumed else tuple(s for s in state.layout.slices if s in lost)
 
 
 def restore(
-    ctx: TrainingContext, arrays: PyTree, old: Layout, survivors: Sequence[int], new: Layout, *, step: int
+    ctx: TrainingContext, arrays: PyTree, old: Layout, survivors: Sequence[int], new: Layout, *, step: int,
+    consumed: bool = False,
 ) -> tuple[PyTree, str, int]:
-    """The state on ``new``: from a surviving replica, else the host snapshot, else the newest readable checkpoint.
+    """The state on ``new``: from a surviving replica, else the host snapshot, else the newest readable checkpoint
+    (``consumed``: the failed step had taken the state from every slice).
 
     Returns the arrays, where they came from, and the step they hold.
     """
     since = ctx.cluster.incarnations()  # the restore must not outlive a slice it writes to
     if not survivors and ctx.snapshots.latest is None:
+        why = "the failed step had taken the state from every slice (a step donates it)" if consumed else \
+            "every slice was lost"
         if ctx.checkpoints is None or ctx.checkpoints.checkpointer.latest_step() is None:
-            raise TrainingStopped("every slice was lost and there is no snapshot or checkpoint to restore from.")
+            raise TrainingStopped(f"{why} and there is no snapshot or checkpoint to restore from; keep "
+                                  "trainer.snapshot_period above 0 or enable checkpoints.")
         target = jax.tree.map(
             lambda a, sharding: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sharding), ctx.abstract, new.shardings
         )
@@ -317,16 +321,16 @@ def restore(
             try:
                 arrays, restored_step = ctx.checkpoints.restore_newest(target, slices=new.slices, since=since)
             except NoReadableCheckpoint as none:
-                raise TrainingStopped(f"every slice was lost and no checkpoint is readable{none.unreadable}.") from None
+                raise TrainingStopped(f"{why} and no checkpoint is readable{none.unreadable}.") from None
         return arrays, "checkpoint", restored_step
-    source, restored_step = ("replica", step) if survivors else ("snapshot", ctx.snapshots.latest[0])
+    source, restored_step = ("replica", step) if survivors else ("snapshot", ctx.snapshots.latest.step)
     ctx.hooks.et_before_restore(trainer=ctx.view, step=restored_step, source=source)
     with ctx.clock.measure("remesh" if survivors else "checkpoint_restore"):
         if survivors:
             positions = [old.slices.index(s) for s in survivors]
             arrays = jax.device_put(keep_slices(arrays, old.mesh, positions), new.shardings)
         else:
-            arrays = jax.device_put(ctx.snapshots.latest[1], new.shardings)
+            arrays = jax.device_put(ctx.snapshots.latest.arrays, new.shardings)
         jax.block_until_ready(arrays)
         ctx.cluster.check_step(new.slices, since=since)
     ctx.hooks.et_after_restore(

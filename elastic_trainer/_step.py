@@ -1,14 +1,13 @@
-"""The train step in two phases: the gradients over every slice, then the optimizer's update per group of slices.
+"""The train step's pure functions, and their compiled programs for a layout.
 
-Why two phases (docs/architecture.md, "Donation"): the update consumes the
-state it is given (donated, so the step needs no more device memory than a
-hand-written loop that donates), and a program that fails loses every buffer
-donated to it. The gradients program spans every slice (it holds the
-all-reduce) and donates nothing: a slice lost during it leaves every survivor
-the state before the step. The update has no collective between slices and
-runs as one program per group of slices (:meth:`AbstractCluster.update_groups`):
-a slice lost during it takes its own group's new state, and every other
-group holds the state after the step.
+On a single controller (the simulated cluster, Pathways) a step is one
+program, the state donated to it, as in a hand-written loop
+(:func:`compile_step`); on a runtime where each process runs its own part of
+every program (``cluster=multiprocess``) it is two, the gradients (the
+collective) and the update (the state donated, no collective), so that a
+process lost during the update leaves the others the state after the step
+(:func:`compile_gradients`, :func:`compile_update`; docs/architecture.md,
+"The step").
 """
 
 from __future__ import annotations
@@ -46,26 +45,29 @@ def gradient_positions(arrays: PyTree) -> list[int]:
     return [i for i, p in enumerate(jax.tree.leaves(arrays.params)) if jnp.issubdtype(p.dtype, jnp.inexact)]
 
 
-class StepPhases(NamedTuple):
-    """The pure phases of a step over the array part of a :class:`TrainState`, as flat lists of its leaves.
+class StepFunctions(NamedTuple):
+    """The pure functions of a step over the array part of a :class:`TrainState`, as flat lists of its leaves.
 
+    ``step(leaves, batch, lr_scale) -> (leaves, loss)``: the whole step;
     ``gradients(leaves, batch) -> (gradient leaves, loss)``: forward and
     backward over the global batch (``batch`` is whatever the dataset's
     ``get_batch`` returns); ``update(leaves, gradient_leaves, lr_scale,
     batch_size) -> leaves``: the optimizer's update, the updates times
     ``lr_scale`` (the learning-rate rescaling of a shrunk global batch, 1
-    otherwise), the step, key and data position moved on. Flat lists, not the
-    state's pytree: flattening Equinox modules on every call costs a
-    millisecond per program on the host.
+    otherwise), the step, key and data position moved on. ``step`` is
+    ``update`` after ``gradients``. Flat lists, not the state's pytree:
+    flattening Equinox modules on every call costs tens of microseconds a
+    step on the host.
     """
 
+    step: Callable[[list, PyTree, Array], tuple[list, Array]]
     gradients: Callable[[list, PyTree], tuple[list, Array]]
     update: Callable[[list, list, Array, Array], list]
 
 
-def make_step_phases(loss_fn: LossFn, optimizer: optax.GradientTransformation, static: PyTree, arrays: PyTree
-                     ) -> StepPhases:
-    """The two phases of a step for the state whose array part is ``arrays`` (arrays or shapes) and whose
+def make_step_functions(loss_fn: LossFn, optimizer: optax.GradientTransformation, static: PyTree, arrays: PyTree
+                        ) -> StepFunctions:
+    """The step's functions for the state whose array part is ``arrays`` (arrays or shapes) and whose
     non-array part is ``static`` (``eqx.partition(state, eqx.is_array)``)."""
     structure = jax.tree.structure(arrays)
     gradient_structure = jax.tree.structure(gradient_part(arrays.params))
@@ -93,30 +95,33 @@ def make_step_phases(loss_fn: LossFn, optimizer: optax.GradientTransformation, s
         )
         return structure.flatten_up_to(eqx.filter(new_state, eqx.is_array))
 
-    return StepPhases(gradients, update)
+    def step(leaves: list, batch: PyTree, lr_scale: Array) -> tuple[list, Array]:
+        gradient_leaves, loss = gradients(leaves, batch)
+        batch_size = jnp.asarray(jax.tree.leaves(batch)[0].shape[0], jnp.int32)
+        return update(leaves, gradient_leaves, lr_scale, batch_size), loss
+
+    return StepFunctions(step, gradients, update)
 
 
 def make_step_fn(loss_fn: LossFn, optimizer: optax.GradientTransformation, static: PyTree, arrays: PyTree) -> StepFn:
-    """The whole step as one pure function, ``step(arrays, batch, lr_scale) -> (arrays, {"loss"})``: the two
-    phases of :func:`make_step_phases` in a row. What a hand-written loop jits (the benchmarks' baselines)."""
-    phases = make_step_phases(loss_fn, optimizer, static, arrays)
+    """The whole step as one pure function of the state's pytree, ``step(arrays, batch, lr_scale) -> (arrays,
+    {"loss"})``: what a hand-written loop jits (the benchmarks' baselines)."""
+    functions = make_step_functions(loss_fn, optimizer, static, arrays)
     structure = jax.tree.structure(arrays)
 
     def step(arrays: PyTree, batch: PyTree, lr_scale: jax.Array) -> tuple[PyTree, dict[str, jax.Array]]:
-        leaves = structure.flatten_up_to(arrays)
-        gradient_leaves, loss = phases.gradients(leaves, batch)
-        batch_size = jnp.asarray(jax.tree.leaves(batch)[0].shape[0], jnp.int32)
-        return structure.unflatten(phases.update(leaves, gradient_leaves, lr_scale, batch_size)), {"loss": loss}
+        leaves, loss = functions.step(structure.flatten_up_to(arrays), batch, lr_scale)
+        return structure.unflatten(leaves), {"loss": loss}
 
     return step
 
 
-def check_fits(phases: StepPhases, arrays: PyTree, sample: PyTree) -> None:
+def check_fits(functions: StepFunctions, arrays: PyTree, sample: PyTree) -> None:
     """Raise :class:`ConfigError` when the loss cannot be computed on a batch like ``sample`` (a model that does
     not fit the data), before anything compiles; only shapes are traced."""
     abstract = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), (jax.tree.leaves(arrays), sample))
     try:
-        jax.eval_shape(phases.gradients, *abstract)
+        jax.eval_shape(functions.gradients, *abstract)
     except Exception as error:  # noqa: BLE001 - any error of the user's model or loss on this batch
         described = str(jax.tree.map(lambda a: f"{a.dtype}{list(a.shape)}", sample))
         shapes = re.sub(r"'(\w+\[[^]]*\])'", r"\1", described)  # float32[1, 8], not 'float32[1, 8]'
@@ -127,43 +132,59 @@ def check_fits(phases: StepPhases, arrays: PyTree, sample: PyTree) -> None:
         ) from error
 
 
-def compile_gradients(phases: StepPhases, arrays: PyTree, batch: PyTree, mesh: Mesh, *, within_slice: WithinSlice
-                      ) -> tuple[Any, PyTree]:
-    """Compile the gradients phase for ``mesh`` ahead of time; the compiled program and the state shardings.
+_LR_SCALE = jax.ShapeDtypeStruct((), jnp.float32)
+_BATCH_SIZE = jax.ShapeDtypeStruct((), jnp.int32)
+
+
+def compile_step(functions: StepFunctions, arrays: PyTree, batch: PyTree, mesh: Mesh, *, within_slice: WithinSlice
+                 ) -> tuple[Any, PyTree]:
+    """Compile the whole step for ``mesh`` ahead of time, the state donated; the program and the state shardings.
 
     ``arrays`` are the state's arrays or shapes, ``batch`` a
-    ``jax.ShapeDtypeStruct`` per leaf of the batch. The whole state goes in
-    (only the parameters and key are read): the optimizer state lives on the
-    devices during this phase too, and XLA's accounting of the program then
+    ``jax.ShapeDtypeStruct`` per leaf of the batch. The new state takes the
+    old one's buffers: the step needs no more memory than a hand-written
+    loop's, and a failure while it runs leaves no slice the state.
+    """
+    shardings = state_shardings(arrays, mesh, within_slice=within_slice)
+    leaves = jax.tree.leaves(shardings)
+    jitted = jax.jit(
+        functions.step, donate_argnums=0,
+        in_shardings=(leaves, batch_sharding(mesh), replicated(mesh)), out_shardings=(leaves, replicated(mesh)),
+    )
+    return jitted.lower(_abstract_leaves(arrays), batch, _LR_SCALE).compile(), shardings
+
+
+def compile_gradients(functions: StepFunctions, arrays: PyTree, batch: PyTree, mesh: Mesh, *,
+                      within_slice: WithinSlice) -> tuple[Any, PyTree]:
+    """Compile the gradients for ``mesh`` ahead of time; the program and the state shardings.
+
+    ``arrays`` and ``batch`` are as for :func:`compile_step`. The whole state
+    goes in (only the parameters and key are read): the optimizer state lives
+    on the devices during this program too, and XLA's accounting of it then
     says so. The gradients come out with the parameters' shardings, summed
     over every device; nothing is donated.
     """
     shardings = state_shardings(arrays, mesh, within_slice=within_slice)
     leaves = jax.tree.leaves(shardings)
     jitted = jax.jit(
-        phases.gradients, keep_unused=True,
+        functions.gradients, keep_unused=True,
         in_shardings=(leaves, batch_sharding(mesh)),
         out_shardings=([leaves[i] for i in gradient_positions(arrays)], replicated(mesh)),
     )
     return jitted.lower(_abstract_leaves(arrays), batch).compile(), shardings
 
 
-def update_shardings(arrays: PyTree, mesh: Mesh, *, within_slice: WithinSlice) -> list[NamedSharding]:
-    """The shardings of the state's leaves on a group of slices' ``mesh``, as its update program takes them."""
-    return jax.tree.leaves(state_shardings(arrays, mesh, within_slice=within_slice))
-
-
-def compile_update(phases: StepPhases, arrays: PyTree, mesh: Mesh, *, within_slice: WithinSlice) -> Any:
-    """Compile the update phase for ``mesh`` (one group of slices) ahead of time, the state donated: its new
-    state takes the old one's buffers. It has no collective: every device updates its own shards."""
-    shardings = update_shardings(arrays, mesh, within_slice=within_slice)
+def compile_update(functions: StepFunctions, arrays: PyTree, mesh: Mesh, *, within_slice: WithinSlice) -> Any:
+    """Compile the update for ``mesh`` ahead of time, the state donated: its new state takes the old one's
+    buffers. It has no collective: every device updates its own shards."""
+    shardings: list[NamedSharding] = jax.tree.leaves(state_shardings(arrays, mesh, within_slice=within_slice))
     gradients = [shardings[i] for i in gradient_positions(arrays)]
     jitted = jax.jit(
-        phases.update, donate_argnums=0,
+        functions.update, donate_argnums=0,
         in_shardings=(shardings, gradients, replicated(mesh), replicated(mesh)), out_shardings=shardings,
     )
-    scalars = jax.ShapeDtypeStruct((), jnp.float32), jax.ShapeDtypeStruct((), jnp.int32)
-    return jitted.lower(_abstract_leaves(arrays), _abstract_leaves(gradient_part(arrays.params)), *scalars).compile()
+    return jitted.lower(_abstract_leaves(arrays), _abstract_leaves(gradient_part(arrays.params)),
+                        _LR_SCALE, _BATCH_SIZE).compile()
 
 
 def _abstract_leaves(tree: PyTree) -> list[jax.ShapeDtypeStruct]:

@@ -8,19 +8,17 @@ import dataclasses
 import functools
 import threading
 import time
-import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import jax
 from jax.sharding import Mesh
 from jaxtyping import PyTree
 
-from ._mesh import SLICE_AXIS, WithinSlice, batch_sharding
-from .clusters._base import halves
+from ._compiled_step import FusedStep, SplitStep, DeviceScalars
+from ._mesh import WithinSlice, batch_sharding
 from ._records import CompileRecord
-from ._compiled_step import LeafLayout, build_compiled_step
-from ._step import StepPhases, compile_gradients, compile_update, gradient_positions, update_shardings
+from ._step import StepFunctions, compile_gradients, compile_step, compile_update
 
 DEFAULT_MAX_LAYOUTS = 8
 """Layouts whose compiled step is kept. On the default 4 slices, the layout in
@@ -58,30 +56,25 @@ class StepCache:
     while there is room. Each compile traces a function object of its own, so
     that JAX's caches (keyed on the function) drop the evicted executable too.
 
-    A layout's step is a :class:`CompiledStep`: its gradients program and
-    the update program of each group of its slices (``update_groups``). An
-    update program depends on the group's devices alone, so layouts that share
-    a group share its program; it goes when no kept layout uses it.
+    A layout's step is a :class:`FusedStep`, one program with the state
+    donated, or with ``split`` a :class:`SplitStep`, its gradients and its
+    update (:attr:`~elastic_trainer.AbstractCluster.independent_processes`).
 
-    :param phases: the step's pure phases (see :func:`make_step_phases`).
+    :param functions: the step's pure functions (see :func:`make_step_functions`).
     :param arrays: the state's arrays, or abstract ones: shapes and dtypes.
     :param sample: a batch of one sample from the dataset (an array or a pytree of them), for the shapes and dtypes.
     :param within_slice: the state's layout within a slice.
     :param max_layouts: how many layouts' compiled steps to keep (at least 1: the one in use;
         ``trainer.max_cached_layouts``, checked with the trainer's settings).
-    :param update_groups: how a layout's slices split into update programs
-        (:meth:`~elastic_trainer.AbstractCluster.update_groups`); two halves by default.
+    :param split: compile a step as its gradients and its update (a :class:`SplitStep`).
     """
 
     def __init__(
-        self, phases: StepPhases, arrays: PyTree, sample: PyTree, *, within_slice: WithinSlice,
-        max_layouts: int = DEFAULT_MAX_LAYOUTS,
-        update_groups: Callable[[Sequence[int]], Sequence[Sequence[int]]] = halves,
+        self, functions: StepFunctions, arrays: PyTree, sample: PyTree, *, within_slice: WithinSlice,
+        max_layouts: int = DEFAULT_MAX_LAYOUTS, split: bool = False,
     ):
-        self._phases = phases
-        self._update_groups = update_groups
-        self._updates: weakref.WeakValueDictionary[tuple, Any] = weakref.WeakValueDictionary()
-        """Update programs by their devices, while a kept layout's step holds them."""
+        self._functions = functions
+        self._split = split
         self._abstract = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), arrays)
         self._sample = sample
         self._within_slice = within_slice
@@ -156,7 +149,6 @@ class StepCache:
         """Forget every compiled step once the compile under way has ended: the backend they run on is going."""
         self._background.shutdown(wait=True, cancel_futures=True)
         self._futures.clear()
-        self._updates.clear()  # a layout of the old backend may still hold them: none is shared with a new one
         self._in_use = None
         self._background = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="et-compile")
 
@@ -184,41 +176,25 @@ class StepCache:
             lambda leaf: jax.ShapeDtypeStruct((batch_size, *leaf.shape[1:]), leaf.dtype, sharding=batch_sharding(mesh)),
             self._sample,
         )
-        gradients, shardings = compile_gradients(_own(self._phases), self._abstract, batch, mesh,
-                                                 within_slice=self._within_slice)
-        slices = tuple(slices) or tuple(range(mesh.shape[SLICE_AXIS]))
-        groups = []
-        for group in self._update_groups(slices):
-            group_mesh = Mesh(mesh.devices[[slices.index(s) for s in group]], mesh.axis_names)
-            if any(device.process_index == jax.process_index() for device in group_mesh.devices.flat):
-                groups.append((tuple(group), self._update(group_mesh), group_mesh, self._update_state(group_mesh)))
-        state = [(jax.core.ShapedArray(a.shape, a.dtype), s)
-                 for a, s in zip(jax.tree.leaves(self._abstract), jax.tree.leaves(shardings))]
-        compiled = build_compiled_step(gradients, state, gradient_positions(self._abstract), groups)
+        functions = _own(self._functions)
+        if self._split:
+            gradients, shardings = compile_gradients(functions, self._abstract, batch, mesh,
+                                                     within_slice=self._within_slice)
+            update = compile_update(functions, self._abstract, mesh, within_slice=self._within_slice)
+            compiled = SplitStep(gradients, update, DeviceScalars(mesh))
+        else:
+            program, shardings = compile_step(functions, self._abstract, batch, mesh, within_slice=self._within_slice)
+            compiled = FusedStep(program, DeviceScalars(mesh))
         loaded = getattr(_persistent_cache_hits, "hits", 0) > hits_before
         self.records[index] = dataclasses.replace(self.records[index], ready_at=time.time(), loaded=loaded)
         return compiled, shardings, time.time() - begin
-
-    def _update(self, mesh: Mesh) -> Any:
-        """The update program for a group of slices' ``mesh``: the one a kept layout shares, or compiled now."""
-        key = tuple(device.id for device in mesh.devices.flat)
-        update = self._updates.get(key)
-        if update is None:
-            update = self._updates.setdefault(key, compile_update(_own(self._phases), self._abstract, mesh,
-                                                                  within_slice=self._within_slice))
-        return update
-
-    def _update_state(self, mesh: Mesh) -> list[LeafLayout]:
-        """The state's leaves on a group's ``mesh``, as its update program takes and gives them."""
-        return [(jax.core.ShapedArray(a.shape, a.dtype), s) for a, s in
-                zip(jax.tree.leaves(self._abstract), update_shardings(self._abstract, mesh, within_slice=self._within_slice))]
 
     @staticmethod
     def _key(mesh: Mesh, batch_size: int) -> tuple:
         return tuple(device.id for device in mesh.devices.flat), mesh.devices.shape, batch_size
 
 
-def _own(phases: StepPhases) -> StepPhases:
-    """``phases`` as function objects of their own: JAX's caches, keyed on the function, then let go of a
+def _own(functions: StepFunctions) -> StepFunctions:
+    """``functions`` as function objects of their own: JAX's caches, keyed on the function, then let go of a
     compiled program once the step cache does."""
-    return StepPhases(*(functools.wraps(f)(lambda *args, f=f: f(*args)) for f in phases))
+    return StepFunctions(*(functools.wraps(f)(lambda *args, f=f: f(*args)) for f in functions))

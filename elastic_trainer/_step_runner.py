@@ -1,9 +1,8 @@
-"""Running one train step to completion: its gradients, then its update, with the cluster checked and a watchdog
-on each wait."""
+"""Running one train step to completion: its batch (prepared while the step before ran), its program(s), the
+cluster's checks, and a watchdog on each wait."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import jax
@@ -11,121 +10,179 @@ import numpy as np
 from jaxtyping import PyTree
 
 from .clusters import AbstractCluster
-from ._compiled_step import CompiledStep
-from ._data import AbstractDataset
-from ._failures import SliceLostError, StepTimeoutError, UpdateInterrupted
+from ._data import AbstractDataset, sample_ids
+from ._failures import SliceLostError, StepTimeoutError
 from ._mesh import batch_sharding
 from ._records import Layout
 from ._watchdog import Watchdog
 
 
-class _Made(NamedTuple):
-    """The state the last step made: as the loop holds it, its leaves, and each update group's part of them."""
+class StepResult(NamedTuple):
+    """A step run to its end: the new state and its leaves, the samples it was trained on, and its metrics."""
 
     arrays: PyTree
     leaves: list[jax.Array]
-    parts: list[list[jax.Array]]
+    ids: np.ndarray
+    metrics: dict[str, jax.Array]
+
+
+class _Batch(NamedTuple):
+    """A step's samples on a layout's devices: for which layout and data position, or what reading them raised."""
+
+    layout: Layout
+    position: int
+    ids: np.ndarray
+    arrays: PyTree | None
+    error: Exception | None
 
 
 class StepRunner:
-    """Runs a layout's compiled step on a batch of samples and waits for it.
+    """Runs a layout's compiled step on the batch at a data position, and waits for it.
 
-    :param cluster: checked after the gradients and at the end of the step (a slice lost meanwhile raises).
+    While a step runs, the runner reads the next step's batch onto the same
+    layout, as a hand-written loop does; a batch read for a layout or
+    position that is not the next step's (a failure changed them) is dropped.
+
+    :param cluster: told when a step is launched and dispatched, and checked after each wait.
     :param data: where the samples come from.
     :param watchdog: ends a wait that hangs.
     :param sample: a batch of one sample (an array or a pytree of them), for the batch's structure and shapes.
     :param hooks: the plugins' hooks (``et_before_update``), with ``view`` as their ``trainer``.
     :param structure: the structure of the state's arrays.
+    :param seed: the data order's seed.
     """
 
     def __init__(self, cluster: AbstractCluster, data: AbstractDataset, watchdog: Watchdog, sample: PyTree, *,
-                 hooks: Any, view: object, structure: Any):
+                 hooks: Any, view: object, structure: Any, seed: int):
         self._cluster = cluster
         self._data = data
         self._watchdog = watchdog
-        self._leaves, self._structure = jax.tree.flatten(sample)
+        leaves, self._structure = jax.tree.flatten(sample)
+        self._row_shapes = [np.shape(leaf)[1:] for leaf in leaves]
         self._hooks = hooks
         self._view = view
         self._state_structure = structure
-        self._last: _Made | None = None
+        self._seed = seed
+        self._last: tuple[PyTree, list[jax.Array]] | None = None  # the state the last step made, and its leaves
+        self._batch: _Batch | None = None  # the running step's
+        self._retired: tuple = ()  # what the step before the running one took: let go while this one runs
+        self._next: _Batch | None = None
+        self._running: tuple[Layout, tuple[int, ...], int, int | None] | None = None
 
-    def run(self, layout: Layout, arrays: PyTree, ids: np.ndarray, *, step: int, since: tuple[int, ...]
-            ) -> tuple[PyTree, dict]:
-        """Run step ``step`` on ``layout`` over samples ``ids``, to completion; the new arrays and the metrics.
+    def run(self, layout: Layout, arrays: PyTree, position: int, *, step: int, since: tuple[int, ...],
+            prepare_next: bool) -> StepResult:
+        """Run step ``step`` on ``layout`` over the batch at data ``position``, to completion.
 
-        First the gradients, over every slice: a failure there raises as it
-        is, and ``arrays`` stay whole (nothing was donated). Then the update,
-        one program per group of slices, ``arrays`` donated to it (they are
-        deleted: a stale reference raises rather than reads freed memory): a
-        failure there raises :class:`UpdateInterrupted`, with the state after
-        the step, whole on the groups without a lost slice.
+        ``arrays`` are donated to the step (they are deleted: a stale reference
+        raises rather than reads freed memory). A failure before the step took
+        them raises as it is; one after, :class:`~elastic_trainer._failures.StepInterrupted`.
+        ``since`` is the cluster's incarnations as of ``arrays``; with
+        ``prepare_next``, the next step's batch is read while this one runs.
 
         The step is waited for before the next one starts: one step in flight
         at a time. XLA:CPU deadlocks when several multi-device steps with
         collectives run at once (measured with 8 devices on 2 cores), and a
-        failure must surface at the step it belongs to. ``since`` is the
-        cluster's incarnations as of ``arrays``.
+        failure must surface at the step it belongs to.
         """
-        program: CompiledStep = layout.compiled
-        leaves = self._leaves_of(arrays)
-        gradients, loss = program.gradients(leaves, self._batch(layout, ids))
+        batch = self._take_batch(layout, position)
+        self._running = layout, since, step, position + layout.batch_size if prepare_next else None
+        self._batch = batch
+        leaves, loss = layout.compiled.run(self._leaves_of(arrays), batch.arrays, lr_scale=layout.lr_scale,
+                                           batch_size=layout.batch_size, monitor=self)
+        return StepResult(self._last[0], leaves, batch.ids, {"loss": loss})
+
+    def state_of(self, leaves: list[jax.Array]) -> PyTree:
+        """The state made of a step's new ``leaves``; the next step takes its leaves without flattening it."""
+        arrays = self._state_structure.unflatten(leaves)
+        self._last = arrays, leaves
+        return arrays
+
+    # ------------------------------------------------------------------ the monitor of a running step
+
+    def launching(self) -> None:
+        """Before the step's first dispatch: a slice known to be lost raises, the state still whole."""
+        layout, since, _, _ = self._running
+        self._cluster.check_launch(layout.slices, since=since)
+
+    def dispatched(self) -> None:
+        """The step runs: tell the cluster, and read the next step's batch meanwhile."""
         self._cluster.step_dispatched()
-        parts = self._last.parts if self._last is not None and self._last.leaves is leaves else program.cut(leaves)
-        gradient_parts = program.cut(gradients, gradients=True)  # while the gradients are computed
-        self._wait(layout, since, gradients, lambda: self._cluster.check_gradients(layout.slices, since=since))
-        self._hooks.et_before_update(trainer=self._view, step=step)
-        groups = self._cluster.update_groups(layout.slices)
-        metrics = {"loss": loss}
-        outcomes = program.update(parts, gradient_parts, lr_scale=layout.lr_scale, batch_size=layout.batch_size)
-        for leaf in leaves:
-            leaf.delete()  # its buffers were donated (or, where an update did not run, are given up)
-        failed = next((outcome for outcome in outcomes if isinstance(outcome, BaseException)), None)
-        if failed is not None:
-            raise UpdateInterrupted(failed, arrays=None, metrics=metrics, groups=groups) from failed
-        new_leaves = program.join(outcomes)
-        new_arrays = self._state_structure.unflatten(new_leaves)
-        self._last = _Made(new_arrays, new_leaves, outcomes)
-        try:
-            self._wait(layout, since, new_leaves, lambda: self._cluster.check_step(layout.slices, since=since))
-        except Exception as error:
-            raise UpdateInterrupted(error, arrays=new_arrays, metrics=metrics, groups=groups) from error
-        return new_arrays, metrics
+        layout, _, _, next_position = self._running
+        if next_position is not None:
+            self._next = self._read_batch(layout, next_position)
 
-    def _leaves_of(self, arrays: PyTree) -> list[jax.Array]:
-        """``arrays``' leaves; those of the last step's state without flattening it again."""
-        if self._last is not None and self._last.arrays is arrays:
-            return self._last.leaves
-        self._last = None  # another state: the last step's is no more
-        return self._state_structure.flatten_up_to(arrays)
+    def made(self, leaves: list[jax.Array]) -> None:
+        """The new state's leaves are dispatched: make its pytree while the devices work, and let go of what the
+        step before took (its batch, and its state, donated: the arrays are deleted, but releasing an array
+        costs about a microsecond per device, 1.5 ms a step for the small model's state on 64 devices, which a
+        hand-written loop pays while its step runs too)."""
+        self._retired = self._last, self._batch  # this step's state and batch: let go while the next one runs
+        self.state_of(leaves)
 
-    def _wait(self, layout: Layout, since: tuple[int, ...], pending: list[jax.Array], check: Callable[[], None]
-              ) -> None:
-        """Wait for ``pending`` under the watchdog, then ``check`` the cluster; a failure is explained first."""
+    def before_update(self) -> None:
+        """The step's update is about to consume the state (``et_before_update``)."""
+        self._hooks.et_before_update(trainer=self._view, step=self._running[2])
 
-        def wait() -> None:
+    def wait(self, pending: list[jax.Array], *, end: bool) -> None:
+        """Wait for ``pending`` under the watchdog, then check the cluster (``check_step`` at the step's ``end``,
+        else ``check_gradients``); a failure that lost slices may explain is explained first."""
+        layout, since, _, _ = self._running
+        check = self._cluster.check_step if end else self._cluster.check_gradients
+
+        def wait_and_check() -> None:
             jax.block_until_ready(pending)
-            check()
+            check(layout.slices, since=since)
 
         try:
-            self._watchdog.wait(wait)
+            self._watchdog.wait(wait_and_check)
         except Exception as error:
             if isinstance(error, StepTimeoutError) or not isinstance(error, SliceLostError):
                 self._cluster.explain_failure(error, layout.slices, since=since, pending=pending)
             raise
 
-    def _batch(self, layout: Layout, ids: np.ndarray) -> PyTree:
-        """The samples ``ids`` split over ``layout``'s devices: each process reads only its own devices' rows,
-        once per shard for all the batch's leaves."""
-        sharding, fetched = batch_sharding(layout.mesh), {}
+    # ------------------------------------------------------------------ state and batches
+
+    def _leaves_of(self, arrays: PyTree) -> list[jax.Array]:
+        """``arrays``' leaves; those of the last step's state without flattening it again."""
+        if self._last is not None and self._last[0] is arrays:
+            return self._last[1]
+        self._last = None  # another state: the last step's is no more
+        return self._state_structure.flatten_up_to(arrays)
+
+    def _take_batch(self, layout: Layout, position: int) -> _Batch:
+        """The batch at ``position`` on ``layout``: the one read during the last step, or read now; what reading
+        it raised is raised now, at the step it belongs to."""
+        batch, self._next = self._next, None
+        if batch is None or batch.layout is not layout or batch.position != position:
+            batch = self._read_batch(layout, position)
+        if batch.error is not None:
+            raise batch.error
+        return batch
+
+    def _read_batch(self, layout: Layout, position: int) -> _Batch:
+        """Read the samples at ``position`` onto ``layout``'s devices; an error is kept for the step that needs them."""
+        ids = sample_ids(self._data.num_samples, seed=self._seed, start=position, count=layout.batch_size)
+        try:
+            return _Batch(layout, position, ids, self._place(layout, ids), None)
+        except Exception as error:  # noqa: BLE001 - the dataset's (a user's) error, raised by the step that reads it
+            return _Batch(layout, position, ids, None, error)
+
+    def _place(self, layout: Layout, ids: np.ndarray) -> PyTree:
+        """The samples ``ids`` split over ``layout``'s devices. One process reads them all and puts them there,
+        as a hand-written loop does; with several, each reads only its own devices' rows, once per shard."""
+        sharding = batch_sharding(layout.mesh)
+        if jax.process_count() == 1:
+            return jax.device_put(self._data.get_batch(ids), sharding)
+        fetched: dict[tuple, list[np.ndarray]] = {}
 
         def rows(index: tuple[slice, ...]) -> list[np.ndarray]:
             key = index[0].indices(len(ids))
             if key not in fetched:
-                fetched[key] = [np.asarray(leaf) for leaf in self._structure.flatten_up_to(self._data.get_batch(ids[index[0]]))]
+                fetched[key] = [np.asarray(leaf) for leaf in
+                                self._structure.flatten_up_to(self._data.get_batch(ids[index[0]]))]
             return fetched[key]
 
-        leaves = [
-            jax.make_array_from_callback((len(ids), *leaf.shape[1:]), sharding, lambda index, i=i: rows(index)[i])
-            for i, leaf in enumerate(self._leaves)
-        ]
-        return self._structure.unflatten(leaves)
+        return self._structure.unflatten([
+            jax.make_array_from_callback((len(ids), *shape), sharding, lambda index, i=i: rows(index)[i])
+            for i, shape in enumerate(self._row_shapes)
+        ])

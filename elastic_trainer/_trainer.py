@@ -26,7 +26,7 @@ from jaxtyping import PyTree
 from ._checkpoint import Checkpointer
 from .clusters import AbstractCluster, SimulatedCluster
 from ._data import AbstractDataset, sample_ids
-from ._failures import ConfigError, PluginError, RestartRequested, TrainingStopped, UpdateInterrupted
+from ._failures import ConfigError, PluginError, RestartRequested, StepInterrupted, TrainingStopped
 from ._goodput import GoodputClock
 from ._layouts import Layouts
 from ._ledger import SampleLedger
@@ -39,12 +39,12 @@ from ._recovery import TrainingContext, finish_recovery, survive
 from ._run_checkpoints import NoReadableCheckpoint, RunCheckpoints, refuse_to_overwrite
 from ._run_lock import hold_run_locks
 from .config._settings import check_trainer_settings
-from ._snapshots import HostSnapshots
+from ._snapshots import DEFAULT_SNAPSHOT_PERIOD, HostSnapshots
 from ._stragglers import StragglerRule, StragglerWatch
 from ._state import TrainState, init_train_state
-from ._step import LossFn, check_fits, make_step_phases
+from ._step import LossFn, check_fits, make_step_functions
 from ._step_cache import DEFAULT_MAX_LAYOUTS, StepCache
-from ._step_runner import StepRunner
+from ._step_runner import StepResult, StepRunner
 from ._take_back import join, take_back
 from ._watchdog import Watchdog
 
@@ -90,30 +90,47 @@ def _run_checkpoints(trainer: Trainer, clock: GoodputClock, static: PyTree) -> R
     )
 
 
-def _commit(trainer: Trainer, state: LoopState, ids: np.ndarray, arrays: PyTree, metrics: dict,
-            *, interrupted: UpdateInterrupted | None) -> LoopState:
-    """Commit step ``state.step``, trained on samples ``ids``: the loop's state after it, on ``state``'s layout.
+def _commit(trainer: Trainer, state: LoopState, done: StepResult, *, interrupted: bool) -> LoopState:
+    """Commit step ``state.step``: the loop's state after it, on ``state``'s layout.
 
-    After an ``interrupted`` update the state is whole only on some slices:
-    it is marked with the update's groups, and the per-step work that reads
-    every slice (straggler times, compiling ahead, the host snapshot) waits
-    for the recovery.
+    After an ``interrupted`` update (a split step's, on a runtime whose
+    processes each ran their own part) the state is whole on the live
+    processes only: the per-step work that reads every slice (straggler
+    times, compiling ahead, the host snapshot) waits for the recovery.
     """
     ctx, step, layout = trainer._ctx, state.step, state.layout
-    ctx.history.commit(step, ids, metrics["loss"])
+    ctx.history.commit(step, done.ids, done.metrics["loss"])
     finish_recovery(ctx, state.pending)
     ctx.history.note_first_step(ctx.clock)
     save_due = ctx.checkpoints is not None and ctx.checkpoints.due(step + 1, last_step=trainer.steps)
-    committed = LoopState(arrays, layout, step=step + 1, position=state.position + layout.batch_size,
-                          incarnations=state.incarnations if interrupted else trainer.cluster.incarnations(),
-                          save_due=save_due, at_boundary=not save_due,
-                          update_groups=interrupted.groups if interrupted else ())
-    trainer.hook.et_step_end(trainer=trainer, step=step + 1, metrics=metrics)
-    if interrupted is None:
+    committed = LoopState(done.arrays, layout, step=step + 1, position=state.position + layout.batch_size,
+                          incarnations=state.incarnations, save_due=save_due, at_boundary=not save_due)
+    trainer.hook.et_step_end(trainer=trainer, step=step + 1, metrics=done.metrics)
+    if not interrupted:
         ctx.stragglers.observe(step + 1, trainer.cluster.slice_step_seconds())
         ctx.layouts.compile_likely(layout)  # once per layout: for a new one (a recovery's, a resize's), now
-        ctx.snapshots.take(step + 1, arrays)
+        ctx.snapshots.take(step + 1, done.leaves)
     return committed
+
+
+class _CommittedThenFailed(Exception):
+    """The update of a split step failed elsewhere: the step is committed (``state``), then ``error`` goes to
+    recovery."""
+
+    def __init__(self, error: Exception, state: LoopState):
+        super().__init__(str(error))
+        self.error, self.state = error, state
+
+
+def _recovery_start(state: LoopState, error: Exception, phase: str) -> tuple[LoopState, Exception, str]:
+    """What recovery starts from when ``error`` ended ``phase`` at ``state``: a step that had taken the state
+    from every slice (:class:`StepInterrupted`) left it to none; a split step's update that failed elsewhere
+    left the state after the step (:class:`_CommittedThenFailed`)."""
+    if isinstance(error, StepInterrupted):
+        return dataclasses.replace(state, consumed=True), error.error, phase
+    if isinstance(error, _CommittedThenFailed):
+        return error.state, error.error, "update"
+    return state, error, phase
 
 
 class FitResult(NamedTuple):
@@ -176,7 +193,7 @@ class Trainer:
         cluster: AbstractCluster | None = None,
         seed: int = 0,
         within_slice: WithinSlice = "replicated",
-        snapshot_period: int = 10,
+        snapshot_period: int = DEFAULT_SNAPSHOT_PERIOD,
         step_timeout_s: float = 300.0,
         plugins: Iterable[object] = (),
         plugin_manager: pluggy.PluginManager | None = None,
@@ -290,10 +307,8 @@ class Trainer:
                     state = phases[phase](state)
                 except (ConfigError, PluginError, TrainingStopped):
                     raise
-                except UpdateInterrupted as interrupted:  # the step is done where its update was not interrupted
-                    state = interrupted.committed or dataclasses.replace(state, update_groups=(state.layout.slices,))
-                    state = survive(self._ctx, interrupted.error, state, phase="update")
                 except Exception as error:  # noqa: BLE001 - the one place where a failure enters recovery
+                    state, error, phase = _recovery_start(state, error, phase)
                     state = survive(self._ctx, error, state, phase=phase)
         except TrainingStopped as stop:
             stopped = stop
@@ -322,10 +337,10 @@ class Trainer:
         with clock.measure("startup"):
             arrays, static = eqx.partition(state, eqx.is_array)
             sample = jax.tree.map(np.asarray, self.data.get_batch(np.zeros(1, dtype=np.int64)))
-            phases = make_step_phases(self.loss_fn, self.optimizer, static, arrays)
-            check_fits(phases, arrays, sample)
-            step_cache = StepCache(phases, arrays, sample, within_slice=self.within_slice,
-                                   max_layouts=self.max_cached_layouts, update_groups=self.cluster.update_groups)
+            functions = make_step_functions(self.loss_fn, self.optimizer, static, arrays)
+            check_fits(functions, arrays, sample)
+            step_cache = StepCache(functions, arrays, sample, within_slice=self.within_slice,
+                                   max_layouts=self.max_cached_layouts, split=self.cluster.independent_processes)
         checkpoints = _run_checkpoints(self, clock, static)
         layouts = Layouts(cluster=self.cluster, hooks=self.hook, view=self, clock=clock, steps=step_cache,
                           global_batch_size=self.global_batch_size, release=checkpoints and checkpoints.release,
@@ -333,11 +348,11 @@ class Trainer:
         self._ctx = ctx = TrainingContext(
             cluster=self.cluster, hooks=self.hook, plugin_manager=self.plugin_manager, view=self, clock=clock,
             failures=self._failures, layouts=layouts, stragglers=StragglerWatch(self.straggler_rule),
-            checkpoints=checkpoints, snapshots=HostSnapshots(self.snapshot_period),
+            checkpoints=checkpoints, snapshots=HostSnapshots(self.snapshot_period, jax.tree.structure(arrays)),
             history=StepHistory(SampleLedger(self.data.num_samples, seed=self.seed, start_position=0)),
             abstract=jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), arrays), static=static,
             step_cache=step_cache, runner=StepRunner(self.cluster, self.data, self._watchdog, sample, hooks=self.hook,
-                                                     view=self, structure=jax.tree.structure(arrays)),
+                                                     view=self, structure=jax.tree.structure(arrays), seed=self.seed),
         )
         incarnations, joined = self.cluster.incarnations(), self.cluster.admission  # as of the state in hand
         layout = ctx.layouts.make(joined.slices if joined else range(len(self.cluster.slice_devices())))
@@ -355,27 +370,28 @@ class Trainer:
     def _train(self, state: LoopState) -> LoopState:
         """Run step ``state.step`` and commit it: the state after it.
 
-        When a failure interrupts the step's update, the step is committed all
-        the same (the groups of slices without a lost one hold it) and
-        :class:`UpdateInterrupted` is raised with that state as ``committed``.
+        When the update of a split step fails elsewhere, the step is committed
+        all the same (the processes that live hold it), and the failure goes to
+        recovery from there (:class:`_CommittedThenFailed`).
         """
         ctx, layout = self._ctx, state.layout
         self.hook.et_step_start(trainer=self, step=state.step)
-        began, interrupted = time.time(), None
+        began, failure = time.time(), None
         with ctx.clock.measure("productive", on_error="wasted_progress"):
-            ids = sample_ids(self.data.num_samples, seed=self.seed, start=state.position, count=layout.batch_size)
             try:
-                arrays, metrics = ctx.runner.run(layout, state.arrays, ids, step=state.step, since=state.incarnations)
-            except UpdateInterrupted as caught:
-                if caught.arrays is None:  # no group of slices holds the step: it is lost
+                done = ctx.runner.run(layout, state.arrays, state.position, step=state.step,
+                                      since=state.incarnations, prepare_next=state.step + 1 < self.steps)
+            except StepInterrupted as interrupted:
+                if interrupted.leaves is None:  # no slice holds the state: the step is lost
                     raise
-                interrupted, arrays, metrics = caught, caught.arrays, caught.metrics
-        with ctx.clock.measure("productive"):
-            committed = _commit(self, state, ids, arrays, metrics, interrupted=interrupted)
+                ids = sample_ids(self.data.num_samples, seed=self.seed, start=state.position, count=layout.batch_size)
+                done = StepResult(ctx.runner.state_of(interrupted.leaves), interrupted.leaves, ids,
+                                  {"loss": interrupted.loss})
+                failure = interrupted.error
+            committed = _commit(self, state, done, interrupted=failure is not None)
         ctx.history.seconds[state.step] = time.time() - began
-        if interrupted is not None:
-            interrupted.committed = committed
-            raise interrupted
+        if failure is not None:
+            raise _CommittedThenFailed(failure, committed)
         return committed
 
     def _save(self, state: LoopState) -> LoopState:

@@ -10,7 +10,7 @@ fire in this order::
     et_before_restore, et_after_restore         (when resuming)
     for every step:
         et_step_start
-        et_before_update              (its gradients computed everywhere, before the update)
+        et_before_update              (the step runs; before its update takes the state)
         et_step_end
         et_before_checkpoint_save, et_after_checkpoint_save    (on a step that is saved)
         et_slice_health -> et_propose_resize -> (on a resize) et_make_mesh
@@ -75,21 +75,24 @@ def et_step_start(trainer: RunView, step: int) -> None:
 
 @hookspec
 def et_before_update(trainer: RunView, step: int) -> None:
-    """Called during each train step, once its gradients are computed on every slice and before the optimizer's
-    update, which consumes the state (docs/architecture.md, "Donation").
+    """Called during each train step, before its update takes the state (docs/architecture.md, "The step"): on
+    a single controller the step is one program, dispatched and running when this is called; on
+    ``cluster=multiprocess`` its gradients are computed on every slice, and the update is next.
 
     :param trainer: the running trainer.
     :param step: the number of steps completed before this one (as for ``et_step_start``).
 
-    Return value is ignored. Failure injection uses it to lose a slice during
-    the update: the groups of slices without it hold the state after the step.
+    Return value is ignored. Failure injection uses it to lose a slice while
+    the step runs: on a single controller the step has taken the state (it is
+    donated) and no slice holds it any more; on ``cluster=multiprocess`` the
+    processes that live hold the state after the step.
     """
 
 
 @hookspec
 def et_step_end(trainer: RunView, step: int, metrics: dict[str, jax.Array]) -> None:
-    """Called after each train step has completed on every slice in use (or, when a failure interrupted its
-    update, on the groups of slices that hold it; recovery follows).
+    """Called after each train step has completed on every slice in use (or, on ``cluster=multiprocess`` when a
+    failure interrupted its update, on the processes that live; recovery follows).
 
     :param trainer: the running trainer.
     :param step: the number of steps completed, counting this one (1-based).
@@ -251,10 +254,11 @@ def et_after_restore(trainer: TrainerView, step: int, source: str, state: TrainS
     :param trainer: the running trainer.
     :param step: the step restored.
     :param source: where it came from (see :func:`et_before_restore`).
-    :param state: the restored state, on the current mesh. The next step's
-        update consumes its device buffers (docs/architecture.md, "Donation"):
-        read or copy what you need here (``jax.device_get``); a reference kept
-        for later raises "Array has been deleted".
+    :param state: the restored state, on the current mesh. The next step
+        consumes its device buffers (docs/architecture.md, "The step"): read or
+        copy what you need here (``np.array(jax.device_get(...))``: on CPU
+        ``device_get`` gives a view of the buffer); a reference kept for later
+        raises "Array has been deleted".
 
     Return value is ignored.
     """

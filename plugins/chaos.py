@@ -12,10 +12,13 @@ import elastic_trainer as et
 
 FIRED_FILE = "chaos_fired.json"
 PHASES = ("train_step", "update", "checkpoint_save", "checkpoint_restore", "recovery")
-"""When a scheduled failure strikes: during the train step ``at_step`` (its
-gradients), during that step's update (its gradients computed everywhere), the
-save of step ``at_step``, a restore of the checkpoint of step ``at_step``, or
-while recovering from the failure at step ``at_step`` (a second failure)."""
+"""When a scheduled failure strikes, with ``at_step`` steps completed: as the
+next train step starts (``train_step``: before it is launched), while that
+step runs (``update``: before its update, once the step has taken the state on
+a single controller, once its gradients are computed on ``cluster=multiprocess``),
+during the save of step ``at_step``, a restore of the checkpoint of step
+``at_step``, or while recovering from the failure at step ``at_step`` (a
+second failure)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -156,7 +159,7 @@ class Chaos:
 
     @et.hookimpl
     def et_before_update(self, trainer: et.Trainer, step: int) -> None:
-        """Lose the slices scheduled to fail during the update of step ``step``."""
+        """Lose the slices scheduled to fail while the step after ``step`` runs, before its update."""
         self._strike(trainer, step, "update")
 
     @et.hookimpl

@@ -84,7 +84,8 @@ def lose(slice_, *, at_step=FAIL_AT, phase="train_step"):
 
 PHASES = {  # phase: (what happens, in words; the chaos schedule)
     "train_step": ("slice 1 lost during step 4", [lose(1)]),
-    "update": ("slice 1 lost during the update of step 4 (its gradients computed)", [lose(1, phase="update")]),
+    "update": ("slice 1 lost while step 4 runs, after its launch (the step has taken the state)",
+               [lose(1, phase="update")]),
     "checkpoint_save": ("slice 1 lost while step 4 is saved", [lose(1, at_step=4, phase="checkpoint_save")]),
     "checkpoint_restore": (
         "an interrupted run resumed from step 2; slice 1 lost while that checkpoint is read",
@@ -323,6 +324,11 @@ def check_invariants(cell: Cell, failure_free: FailureFree) -> dict:
     # nothing left behind
     assert cell.orphans == []
     failures = merged["failures"]
+    # steps lost: none to a restore from a replica; else at most those since the newest complete checkpoint (the
+    # cells take no host snapshot): a slice lost while a step runs takes the state that step was given with it
+    for failure in failures:
+        assert failure["lost_steps"] <= PERIOD, failure
+        assert failure["restored_from"] != "replica" or failure["lost_steps"] == 0, failure
     return {
         "outcome": outcome_words(cell),
         "exit": " → ".join(str(w.exit_code) for w in cell.workers),
@@ -571,7 +577,11 @@ def render_table(rows: dict) -> str:
         f"Every cell trains the tiny test model for {STEPS} steps on 4 simulated slices of 2 CPU devices, global "
         f"batch {BATCH}, checkpoints every {PERIOD} steps, no host snapshots, and compares with one failure-free run. "
         f"Lost slices stay down for good, except under pause_resume, where they return after {BACK_SOON} s. "
-        "Every row passed every invariant:",
+        "A step is one program with the state donated to it (docs/architecture.md, \"The step\"): a slice lost "
+        "as a step starts is found before its launch, and the others hold the state; one lost while the step "
+        "runs leaves no slice the state on a single controller, which then comes from the newest host snapshot "
+        "or checkpoint (on `cluster=multiprocess` the step's update runs in each process apart, and the others "
+        "keep the state after the step). Every row passed every invariant:",
         "",
         "- the run finishes, or stops with one clear sentence and exit status 3, after which a re-run with "
         "`checkpoint.resume=true` finishes from the checkpoints it left;",
@@ -580,7 +590,9 @@ def render_table(rows: dict) -> str:
         "- `samples.duplicated` = 0 and `samples.skipped` = 0 over all workers;",
         "- the final parameters and optimizer state equal the failure-free run's (rtol 1e-5): every strategy here "
         "keeps the global batch;",
-        "- no process is left behind.",
+        "- no process is left behind;",
+        f"- no step lost to a restore from a replica; otherwise at most the {PERIOD} since the newest complete "
+        "checkpoint.",
         "",
         "How a cell runs: *in-process* is a `Trainer` with the strategy and chaos plugins; a `full_restart` "
         "worker restart is done there as the supervisor does it: the trainer raises `RestartRequested` (exit 75) "

@@ -167,35 +167,42 @@ def test_recovery_never_reads_the_lost_slice(tiny_trainer_kwargs):
     assert_params_close(restored_params, baseline_params(tiny_trainer_kwargs, steps=FAIL_AT))
 
 
-def test_a_slice_lost_during_the_update_takes_only_its_groups_new_state(tiny_trainer_kwargs):
-    """The update of step 4 runs as one program per half of the slices ({0, 1} and {2, 3}), the state donated; a
-    slice lost during it takes its half's new state (its program failed), and the other half holds it whole:
-    the run restores step 4 from that half, loses no step, and trains on like a failure-free run. (The fault
-    matrix's update rows lose slice 1, of the first half.)"""
+def test_a_slice_lost_while_the_step_runs_leaves_the_state_on_no_slice_and_the_snapshot_restores_it(
+        tiny_trainer_kwargs):
+    """The step is one program with the state donated to it, as a hand-written loop's: a slice lost while it
+    runs (chaos's ``update`` phase strikes after the step's launch) fails it on every slice, and the state it
+    took is gone from all of them. The run restores the host snapshot of the step before (taken after every
+    step here), trains the failed step again, loses no committed step, and trains on like a failure-free run."""
     lost_slice = 2
     recorder = RestoreRecorder()
-    trainer = et.Trainer(**tiny_trainer_kwargs(steps=STEPS, global_batch_size=BATCH, strategy=ScaleDown(compile_ahead=False),
-                                               plugins=[chaos(lose(lost_slice, phase="update")), recorder]))
-    captured = capture_what_survives(trainer)
+    trainer = et.Trainer(**tiny_trainer_kwargs(
+        steps=STEPS, global_batch_size=BATCH, snapshot_period=1, strategy=ScaleDown(compile_ahead=False),
+        plugins=[chaos(lose(lost_slice, phase="update")), recorder]))
     state, report = fit(trainer)
     assert state is not None, report["stopped"]
     [failure] = report["failures"]
-    # the step the update belonged to is done: the failure comes after it, and nothing is lost
-    assert (failure["step"], failure["phase"], failure["slices"]) == (FAIL_AT + 1, "update", [lost_slice])
-    assert (failure["restored_from"], failure["lost_steps"], failure["slices_after"]) == ("replica", 0, 3)
-    group = {2, 3}
-    [(gone, left)] = captured
-    assert set(gone) == group  # the lost slice's partner holds nothing of the step either
-    all_devices = trainer.cluster.slice_devices()
-    assert_only_the_lost_shards_are_garbage(left, {d for s in group for d in all_devices[s]})
-    [(step, source, restored_state, devices, _)] = restored = recorder.restored
-    assert (step, source) == (FAIL_AT + 1, "replica")
-    assert not any(set(all_devices[lost_slice]) & leaf_devices for leaf_devices in devices)
-    assert int(restored_state.step) == FAIL_AT + 1 and int(restored_state.data_position) == (FAIL_AT + 1) * BATCH
-    assert_params_close(params_of(restored_state), baseline_params(tiny_trainer_kwargs, steps=FAIL_AT + 1))
+    assert (failure["step"], failure["phase"], failure["slices"]) == (FAIL_AT, "train_step", [lost_slice])
+    assert (failure["restored_from"], failure["lost_steps"], failure["slices_after"]) == ("snapshot", 0, 3)
+    [(step, source, restored_state, devices, _)] = recorder.restored
+    assert (step, source) == (FAIL_AT, "snapshot")
+    assert not any(set(trainer.cluster.slice_devices()[lost_slice]) & leaf_devices for leaf_devices in devices)
+    assert int(restored_state.step) == FAIL_AT and int(restored_state.data_position) == FAIL_AT * BATCH
+    assert_params_close(params_of(restored_state), baseline_params(tiny_trainer_kwargs, steps=FAIL_AT))
     assert report["steps_completed"] == STEPS
     assert report["samples"] == {"consumed": STEPS * BATCH, "duplicated": 0, "skipped": 0}
     assert_params_close(params_of(state), baseline_params(tiny_trainer_kwargs, steps=STEPS))
+
+
+def test_a_step_that_took_the_state_and_failed_with_nothing_to_restore_stops_saying_why(tiny_trainer_kwargs):
+    trainer = et.Trainer(**tiny_trainer_kwargs(
+        steps=STEPS, global_batch_size=BATCH, snapshot_period=0, strategy=ScaleDown(compile_ahead=False),
+        plugins=[chaos(lose(2, phase="update"))]))
+    state, report = fit(trainer)
+    assert state is None and report["steps_completed"] == FAIL_AT
+    assert report["stopped"] == (
+        "the failed step had taken the state from every slice (a step donates it) and there is no "
+        "snapshot or checkpoint to restore from; keep trainer.snapshot_period above 0 or enable checkpoints.")
+    assert [(f["restored_from"], f["ended_run"]) for f in report["failures"]] == [("none", True)]
 
 
 # ------------------------------------------------------------------ scale_down, slice back soon

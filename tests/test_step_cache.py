@@ -11,12 +11,12 @@ import optax
 
 import elastic_trainer as et
 from elastic_trainer._state import init_train_state
-from elastic_trainer._step import make_step_phases
+from elastic_trainer._step import make_step_functions
 from elastic_trainer._goodput import GoodputClock
 from elastic_trainer._layouts import Layouts
 from elastic_trainer._records import Layout
 from elastic_trainer._step_cache import StepCache
-from elastic_trainer.clusters._base import halves
+from elastic_trainer._compiled_step import FusedStep, SplitStep
 from elastic_trainer_plugins.scale_down import ScaleDown
 
 BATCH = 8
@@ -26,8 +26,8 @@ def new_cache(max_layouts: int, **kwargs) -> StepCache:
     model = et.Transformer(vocab_size=16, seq_len=8, d_model=16, num_heads=2, num_layers=1, key=jax.random.key(0))
     optimizer = optax.adam(1e-2)
     arrays, static = eqx.partition(init_train_state(model, optimizer, key=jax.random.key(1)), eqx.is_array)
-    phases = make_step_phases(et.next_token_loss, optimizer, static, arrays)
-    return StepCache(phases, arrays, np.zeros((1, 9), np.int32), within_slice="replicated", max_layouts=max_layouts,
+    functions = make_step_functions(et.next_token_loss, optimizer, static, arrays)
+    return StepCache(functions, arrays, np.zeros((1, 9), np.int32), within_slice="replicated", max_layouts=max_layouts,
                      **kwargs)
 
 
@@ -56,19 +56,16 @@ def test_the_least_recently_used_layout_goes_first():
     assert cached(cache, 1) is True and cached(cache, 2) is False
 
 
-def test_a_layout_with_one_slice_fewer_shares_the_other_halfs_update_program():
-    # the update's groups are the halves of the cluster's 4 slices, so slices 2 and 3 are partners in both layouts:
-    # the layout that lost slice 1 compiles (and first runs) the update of slice 0 alone, and reuses theirs
-    cache = new_cache(max_layouts=2, update_groups=lambda slices: halves(slices, 4))
-    devices = jax.devices()
-    layout = lambda slices: et.make_mesh([devices[2 * s: 2 * s + 2] for s in slices])  # noqa: E731
-    full = cache.get(layout([0, 1, 2, 3]), 24, [0, 1, 2, 3])[0]  # 24 samples divide over 8 and 6 devices
-    fewer = cache.get(layout([0, 2, 3]), 24, [0, 2, 3])[0]
-    assert [group.slices for group in full.groups] == [(0, 1), (2, 3)]
-    assert [group.slices for group in fewer.groups] == [(0,), (2, 3)]
-    assert fewer.groups[1].compiled is full.groups[1].compiled
-    assert fewer.groups[0].compiled is not full.groups[0].compiled
-    assert halves([2, 3], 4) == ((2,), (3,)) and halves([3], 4) == ((3,),)  # within one half: its halves
+def test_a_layouts_step_is_one_donating_program_or_with_split_its_gradients_and_update():
+    # one program, as a hand-written loop's, unless the cluster's processes each run their own part of every program
+    fused, _, _ = new_cache(max_layouts=1).get(mesh_of(0), BATCH)
+    split, _, _ = new_cache(max_layouts=1, split=True).get(mesh_of(0), BATCH)
+    assert isinstance(fused, FusedStep) and len(fused.executables) == 1
+    assert isinstance(split, SplitStep) and len(split.executables) == 2
+    # the state is donated to the one program, and to the split step's update only
+    aliased = [executable.memory_analysis().alias_size_in_bytes for executable in (*fused.executables,
+                                                                                   *split.executables)]
+    assert aliased[0] > 0 and aliased[1] == 0 and aliased[2] == aliased[0]
 
 
 def test_the_layout_in_use_stays_and_compiling_ahead_keeps_within_the_bound():

@@ -11,31 +11,18 @@ from jaxtyping import PyTree
 from .._failures import ConfigError
 
 
-def halves(slices: Sequence[int], total: int | None = None) -> tuple[tuple[int, ...], ...]:
-    """``slices`` in two groups: those in the first and in the second half of all ``total`` slices (by default
-    up to the largest in ``slices``), or where they all fall in one half, in the halves of that half, and so on
-    (one group for one slice).
-
-    The halves are the cluster's, not the layout's, so that a slice has the
-    same partners in every layout it is in: a layout with one slice fewer
-    shares the other half's update program with the layout before it
-    (compiled and run already), and compiles and first runs only one.
-    """
-    low, high = 0, total if total is not None else max(slices, default=0) + 1
-    while high - low > 1:
-        middle = (low + high + 1) // 2
-        first, rest = tuple(s for s in slices if s < middle), tuple(s for s in slices if s >= middle)
-        if first and rest:
-            return first, rest
-        low, high = (low, middle) if first else (middle, high)
-    return (tuple(slices),)
-
-
 class AbstractCluster(abc.ABC):
     """A set of devices grouped into slices of equal size."""
 
     kind: str
 
+    independent_processes: bool = False
+    """Whether each process runs its own part of every program (JAX's multi-controller runtime): then a program
+    with no collective ends on the processes that live when another dies, and a step is two programs, its
+    gradients (the collective) and its update (the state donated, no collective), so that a process lost
+    during the update leaves the others the state after the step. ``False`` (the default) for a single
+    controller, where one program over every slice fails as a whole: a step is one program, the state donated,
+    as in a hand-written loop (docs/architecture.md, "The step")."""
 
     @abc.abstractmethod
     def configure_jax(self) -> None:
@@ -69,28 +56,23 @@ class AbstractCluster(abc.ABC):
         this does nothing.
         """
 
+    def check_launch(self, slices: Sequence[int], *, since: tuple[int, ...]) -> None:
+        """Raise what the runtime raises when a step is launched on ``slices`` while one of them is known to be
+        lost: before the step takes the state, which stays whole.
+
+        ``since`` is as for :meth:`check_step`. Real runtimes refuse the launch
+        themselves, so by default this does nothing.
+        """
+
     def check_gradients(self, slices: Sequence[int], *, since: tuple[int, ...]) -> None:
-        """Raise what the hardware raises if a slice in ``slices`` was lost while a step's gradients were computed
-        (they are ready on this process): before its update, which consumes the state.
+        """With :attr:`independent_processes`: raise what the hardware raises if a slice in ``slices`` was lost
+        while a step's gradients were computed (they are ready on this process), before its update consumes
+        the state.
 
         ``since`` is as for :meth:`check_step`. Real runtimes raise from the
         gradients' program itself (it spans every slice), so by default this
         does nothing.
         """
-
-    def update_groups(self, slices: Sequence[int]) -> tuple[tuple[int, ...], ...]:
-        """How the optimizer's update of a step on ``slices`` splits into programs, each over one group of them,
-        the state donated to it (docs/architecture.md, "Donation").
-
-        A slice lost during the update takes its group's new state with it (a
-        failed program loses what was donated to it); every other group holds
-        the state after the step. By default two halves (:func:`halves` of
-        the cluster's slices): on a single controller one program over every
-        slice fails as a whole. A runtime whose processes each run their own
-        part of a program, with no collective between them in the update,
-        gives every slice a group of its own.
-        """
-        return halves(slices, len(self.slice_devices()))
 
     def step_dispatched(self) -> None:
         """Called on the training thread each time a step has been dispatched; by default nothing."""

@@ -143,6 +143,7 @@ class MultiprocessCluster(ProcessRejoin, ProcessFailureInjection, AbstractInject
     """
 
     kind = "multiprocess"
+    independent_processes = True  # each process runs its own part of every program
 
     def __init__(
         self,
@@ -271,11 +272,6 @@ class MultiprocessCluster(ProcessRejoin, ProcessFailureInjection, AbstractInject
     def live_processes(self) -> frozenset[int]:
         """The processes of the healthy slices."""
         return frozenset(p for s in self.healthy_slices() for p in self.processes_of(s))
-
-    def update_groups(self, slices: Sequence[int]) -> tuple[tuple[int, ...], ...]:
-        """Every slice a group of its own: a slice's processes run its update alone (no collective reaches
-        another slice), so a process that dies during it takes only its slice's new state."""
-        return tuple((s,) for s in slices)
 
     def check_step(self, slices: Sequence[int], *, since: tuple[int, ...]) -> None:
         """Agree with the other live processes on who lives (a barrier); raise ``DATA_LOSS`` for slices lost.

@@ -103,23 +103,27 @@ class SimulatedCluster(AbstractInjectableCluster):
     def incarnations(self) -> tuple[int, ...]:
         return tuple(self._failures)
 
-    def check_gradients(self, slices: Sequence[int], *, since: tuple[int, ...]) -> None:
-        self._raise_if_lost(slices, since, "while the step's gradients were computed")
+    def check_launch(self, slices: Sequence[int], *, since: tuple[int, ...]) -> None:
+        """Refuse to launch a step on a slice lost since ``since`` (a hung one is not known to be lost: the step
+        is launched and hangs)."""
+        if tuple(self._failures) == since:  # nothing failed anywhere: the common case, one comparison
+            return
+        lost = [s for s in slices if self._failures[s] != since[s] and s not in self._hung]
+        if lost:
+            raise SliceLostError(f"DATA_LOSS: simulated slice(s) {lost} lost before the step was launched",
+                                 slices=lost)
 
     def check_step(self, slices: Sequence[int], *, since: tuple[int, ...]) -> None:
-        self._raise_if_lost(slices, since, "during the step")
-        self._step_seconds = self._time_slices(slices)
-
-    def _raise_if_lost(self, slices: Sequence[int], since: tuple[int, ...], when: str) -> None:
         """Wait for the hung slices of ``slices`` to come back, then raise ``DATA_LOSS`` for those lost since
-        ``since``."""
-        for index in self._hung & set(slices):  # a hung slice holds the step until it is back
-            time.sleep(max(0.0, self._down_until[index] - time.monotonic()))
-        healthy = set(self.healthy_slices())
-        lost = [s for s in slices if s not in healthy or self._failures[s] != since[s]]
-        if lost:
-            self._dispatched_at = None
-            raise SliceLostError(f"DATA_LOSS: simulated slice(s) {lost} lost {when}", slices=lost)
+        ``since``; each slice's own time in the step is known then."""
+        if tuple(self._failures) != since:
+            for index in self._hung & set(slices):  # a hung slice holds the step until it is back
+                time.sleep(max(0.0, self._down_until[index] - time.monotonic()))
+            lost = [s for s in slices if self._failures[s] != since[s]]
+            if lost:
+                self._dispatched_at = None
+                raise SliceLostError(f"DATA_LOSS: simulated slice(s) {lost} lost during the step", slices=lost)
+        self._step_seconds = self._time_slices(slices)
 
     def step_dispatched(self) -> None:
         self._dispatched_at = time.monotonic()

@@ -85,15 +85,16 @@ def strategy_costs(runs: list[MeasuredRun]) -> dict[str, StrategyCosts]:
 
 
 def cost_names() -> tuple[str, ...]:
-    """The costs a what-if may set: every number of :class:`StrategyCosts` and of :class:`RecoveryCost`."""
+    """The costs a what-if may set: every number of :class:`StrategyCosts` and of :class:`RecoveryCost`, and the
+    trainer's speed against a bare loop (``overhead_ratio``, set apart: :func:`bare_loop_costs`)."""
     own = [f.name for f in dataclasses.fields(StrategyCosts) if f.name.endswith("_s")]
-    return (*own, *(f.name for f in dataclasses.fields(RecoveryCost)))
+    return (*own, *(f.name for f in dataclasses.fields(RecoveryCost)), "overhead_ratio")
 
 
 def with_costs(costs: dict[str, StrategyCosts], settings: dict[str, float]) -> dict[str, StrategyCosts]:
     """Every strategy's costs with ``settings`` (``{"layout_compile_s": 120.0}``, say) in place of the measured."""
     for name, seconds in settings.items():
-        if name not in cost_names():
+        if name not in cost_names() or name == "overhead_ratio":
             raise ConfigError(f"there is no cost {name!r}; choose one of: {', '.join(cost_names())}.")
         if not seconds >= 0:
             raise ConfigError(f"the cost {name} must be a number of seconds, at least 0, got {seconds}.")
@@ -105,6 +106,20 @@ def with_costs(costs: dict[str, StrategyCosts], settings: dict[str, float]) -> d
                                       if parts else c.recovery)
         for strategy, c in costs.items()
     }
+
+
+def bare_loop_costs(costs: dict[str, StrategyCosts], overhead_ratio: float) -> StrategyCosts:
+    """The user's own loop (``bare_loop``): the measured job and restart costs of ``full_restart`` (else of the
+    first strategy measured), its step and the gap after it those of the trainer times ``overhead_ratio`` (the
+    trainer's steps/s over the loop's, ``benchmarks/overhead.py``), its every failure a restart."""
+    if not costs:
+        raise ConfigError("the projection needs at least one run.")
+    if not 0 < overhead_ratio <= 1:
+        raise ConfigError(f"the cost overhead_ratio must be above 0 and at most 1 (the trainer's steps/s over a "
+                          f"bare loop's), got {overhead_ratio}.")
+    base = costs.get("full_restart") or next(iter(costs.values()))
+    return dataclasses.replace(base, strategy="bare_loop", step_s=base.step_s * overhead_ratio,
+                               gap_s=base.gap_s * overhead_ratio, recovery=restart_cost(costs), runs=0, failures=0)
 
 
 def restart_cost(costs: dict[str, StrategyCosts]) -> RecoveryCost:

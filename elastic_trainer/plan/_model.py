@@ -77,6 +77,12 @@ class FailureModel:
         return self.repair_s * float(np.exp(-overlap_s / self.repair_s)) if self.repair_s else 0.0
 
 
+MEASURED_OVERHEAD_RATIO = 1.0
+"""The trainer's steps/s over a bare donating loop's on the default job (``benchmarks/overhead.py``,
+docs/architecture.md "The step"), at most 1: the trainer runs the same program, so a median above 1 is the
+machine's noise. A bare loop restarting from its checkpoints (the projection's ``bare_loop`` row) steps this
+much faster."""
+
 MEASURED_SAVE_BARRIER_S = ((1, 0.02), (2, 0.05), (3, 0.125))
 """(processes, seconds) a save of a two-array state blocked on ``cluster=multiprocess``: almost all of it
 the processes' synchronization (docs/multiprocess.md, "Checkpoints after a lost process"; middles of the ranges)."""
@@ -104,6 +110,9 @@ class Runtime:
     :param controller_fails: the controller (on the multi-controller runtime, the process hosting JAX's
         coordination service, ``cluster.coordinator=separate``) is a host of its own, failing at a slice's
         rate; with ``False`` the coordinator is slice 0 (``cluster.coordinator=process0``).
+    :param step_takes_state: a step is one program with the state donated to it, so a slice lost while a
+        step runs leaves no slice the state: it comes back from the host snapshot (a single controller;
+        on the multi-controller runtime the processes that live keep it: docs/architecture.md, "The step").
     """
 
     name: str
@@ -112,6 +121,7 @@ class Runtime:
     rejoin: bool
     regroups: bool
     controller_fails: bool
+    step_takes_state: bool
 
     def barrier_s(self, slices: int) -> float:
         """One barrier over ``slices`` processes."""
@@ -119,7 +129,7 @@ class Runtime:
 
 
 SINGLE_CONTROLLER = Runtime("single", detection_s=None, barrier_s_per_process=0.0, rejoin=True, regroups=False,
-                            controller_fails=True)
+                            controller_fails=True, step_takes_state=True)
 MULTI_CONTROLLER = Runtime("multi", detection_s=MEASURED_DETECTION_S, barrier_s_per_process=barrier_s_per_process(),
-                           rejoin=False, regroups=True, controller_fails=True)
+                           rejoin=False, regroups=True, controller_fails=True, step_takes_state=False)
 RUNTIMES = {runtime.name: runtime for runtime in (SINGLE_CONTROLLER, MULTI_CONTROLLER)}

@@ -20,33 +20,34 @@ def _period(projection: Projection) -> str:
     return f"{projection.period_steps} steps ({projection.period_s / 60:.1f} min)"
 
 
-def _goodput(projection: Projection) -> str:
-    """The goodput, and the progress beside it where slower steps on fewer slices make it lower."""
-    text = f"{projection.goodput:.4f}"
-    return text if projection.goodput - projection.progress < 5e-4 else f"{text} ({projection.progress:.4f})"
+THROUGHPUT = ("throughput: the steps done, each timed as the bare loop's step, over wall time (the trainer's "
+              "goodput less its overhead against a bare donating loop); bare_loop is that loop restarting from its "
+              "checkpoints on every failure")
+"""What the tables' throughput is, in a sentence."""
 
 
 def plan_table(projections: list[Projection]) -> str:
-    """One cluster: a line per strategy, and the recommendation."""
+    """One cluster: a line per strategy and the bare loop, and the recommendation."""
     rows = [[
-        p.strategy, f"{p.goodput:.4f}", f"{p.progress:.4f}", f"{p.failures_per_day:.2f}", _period(p),
-        f"{p.lost_steps_per_day:.1f}", "" if p.closed_form is None else f"{p.closed_form:.4f}",
+        p.strategy, f"{p.throughput:.4f}", f"{p.goodput:.4f}", f"{p.progress:.4f}", f"{p.failures_per_day:.2f}",
+        _period(p), f"{p.lost_steps_per_day:.1f}", "" if p.closed_form is None else f"{p.closed_form:.4f}",
     ] for p in projections]
-    table = _table(["strategy", "goodput", "progress", "failures/day", "checkpoint period", "lost steps/day",
-                    "Young/Daly goodput"], rows)
+    table = _table(["strategy", "throughput", "goodput", "progress", "failures/day", "checkpoint period",
+                    "lost steps/day", "Young/Daly goodput"], rows)
     best = recommend(projections)
     simulated = f"(simulated: {best.jobs} jobs, {best.failures} failures)"
-    return f"{table}\n\nrecommended: {best.strategy}, a checkpoint every {_period(best)} {simulated}"
+    return (f"{table}\n\n{THROUGHPUT}.\n\nrecommended: {best.strategy}, a checkpoint every {_period(best)} "
+            f"{simulated}")
 
 
 def scaling_table(by_slices: dict[int, list[Projection]], chips_per_slice: int) -> str:
-    """Every slice count: each strategy's goodput, and the recommendation."""
+    """Every slice count: each strategy's throughput (and the bare loop's), and the recommendation."""
     strategies = [p.strategy for p in next(iter(by_slices.values()))]
     rows = []
     for slices, projections in by_slices.items():
         best = recommend(projections)
         rows.append([f"{slices:,}", f"{slices * chips_per_slice:,}", f"{projections[0].failures_per_day:.2f}",
-                     *(_goodput(p) for p in projections), f"{best.strategy}, every {_period(best)}"])
+                     *(f"{p.throughput:.4f}" for p in projections), f"{best.strategy}, every {_period(best)}"])
     return _table(["slices", "chips", "failures/day", *strategies, "recommended, checkpoint period"], rows)
 
 
@@ -80,8 +81,8 @@ def plot_scaling(by_slices: dict[int, list[Projection]], validations: list[Valid
     colours = _strategy_colours(strategies)
     figure, axes = plt.subplots(figsize=(10, 4.5))
     for strategy in strategies:
-        goodput = [next(p.goodput for p in by_slices[n] if p.strategy == strategy) for n in slice_counts]
-        axes.plot(slice_counts, goodput, marker=".", color=colours[strategy], label=f"{strategy}, projected")
+        throughput = [next(p.throughput for p in by_slices[n] if p.strategy == strategy) for n in slice_counts]
+        axes.plot(slice_counts, throughput, marker=".", color=colours[strategy], label=f"{strategy}, projected")
     measured = [v for v in validations if v.schedule == measured_schedule and v.strategy in colours]
     for v in measured:
         slices = slice_counts[0]
@@ -93,7 +94,7 @@ def plot_scaling(by_slices: dict[int, list[Projection]], validations: list[Valid
     axes.set_xscale("log", base=2)
     axes.set_xticks(slice_counts, [f"{n:,}" for n in slice_counts])
     axes.set_xlabel("slices")
-    axes.set_ylabel("goodput (productive time / wall time)")
+    axes.set_ylabel("throughput (bare-loop steps x step time / wall time)")
     axes.set_title(title, fontsize=10)
     axes.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1))
     axes.grid(alpha=0.3)

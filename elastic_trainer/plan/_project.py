@@ -9,9 +9,9 @@ import numpy as np
 
 from .._failures import ConfigError, check_at_least
 from ._closed_form import choose_period, lost_steps_per_day, restart_goodput
-from ._costs import StrategyCosts, restart_cost
-from ._model import LLAMA3_DAYS, FailureModel, Runtime
-from ._simulate import Scenario, failure_trace, simulate
+from ._costs import StrategyCosts, bare_loop_costs, restart_cost
+from ._model import LLAMA3_DAYS, MEASURED_OVERHEAD_RATIO, FailureModel, Runtime
+from ._simulate import BARE_LOOP, Scenario, failure_trace, simulate
 
 SLICE_COUNTS = tuple(2**k for k in range(2, 13))
 """The slice counts of the scaling table and plot: 4 to 4,096."""
@@ -40,6 +40,9 @@ class Projection:
 
     :param goodput: productive time over wall time, as ``report.json`` defines it.
     :param progress: the steps done, timed as on every slice, over wall time.
+    :param throughput: the steps done, timed as the bare loop's step on every slice, over wall time: what the
+        job gets done against the user's alternative (the trainer's step is slower by its overhead; the
+        recommendation goes by this).
     :param failures_per_day: expected slice failures a day.
     :param lost_steps_per_day: steps rolled back a day, expected (roll-backs are too rare at scale for the
         simulation to count them well: elastic strategies roll back only when the coordinator is lost).
@@ -50,6 +53,7 @@ class Projection:
     slices: int
     goodput: float
     progress: float
+    throughput: float
     failures_per_day: float
     period_steps: int
     period_s: float
@@ -59,19 +63,22 @@ class Projection:
     failures: int
 
 
-def scenarios(costs: dict[str, StrategyCosts], slices: int, model: FailureModel, runtime: Runtime) -> list[Scenario]:
-    """One scenario per measured strategy on ``slices`` slices, each with its Young/Daly period."""
+def scenarios(costs: dict[str, StrategyCosts], slices: int, model: FailureModel, runtime: Runtime, *,
+              overhead_ratio: float = MEASURED_OVERHEAD_RATIO) -> list[Scenario]:
+    """One scenario per measured strategy on ``slices`` slices, and one of the user's own loop restarting from
+    checkpoints (:func:`bare_loop_costs`), each with its Young/Daly period."""
     check_at_least("the number of slices", slices, 1)
     restart = restart_cost(costs)
     chosen = []
-    for strategy, own in costs.items():
+    for strategy, own in {**costs, BARE_LOOP: bare_loop_costs(costs, overhead_ratio)}.items():
         scenario = Scenario(strategy, slices, own, restart, runtime, period=1)
         chosen.append(dataclasses.replace(scenario, period=choose_period(scenario, model).steps))
     return chosen
 
 
 def project(chosen: list[Scenario], model: FailureModel, horizon: Horizon) -> list[Projection]:
-    """Simulate every scenario through the same failures: jobs of ``horizon.days`` until enough have failed."""
+    """Simulate every scenario through the same failures: jobs of ``horizon.days`` until enough have failed.
+    Throughputs are in steps of the bare loop's scenario, if ``chosen`` has one, else each in its own."""
     slices = chosen[0].slices
     horizon_s = horizon.days * 86400
     rng = np.random.default_rng([horizon.seed, slices])
@@ -82,6 +89,7 @@ def project(chosen: list[Scenario], model: FailureModel, horizon: Horizon) -> li
         for scenario in chosen:
             outcomes[scenario.strategy].append(simulate(scenario, trace, horizon_s))
         failures, jobs = failures + len(trace), jobs + 1
+    bare_step_s = next((s.costs.step_s for s in chosen if s.strategy == BARE_LOOP), None)  # without: each its own
     projections = []
     for scenario in chosen:
         done = outcomes[scenario.strategy]
@@ -91,6 +99,7 @@ def project(chosen: list[Scenario], model: FailureModel, horizon: Horizon) -> li
             slices=slices,
             goodput=sum(o.productive_s for o in done) / wall_s,
             progress=sum(o.steps * o.full_step_s for o in done) / wall_s,
+            throughput=sum(o.steps for o in done) * (bare_step_s or scenario.costs.step_s) / wall_s,
             failures_per_day=model.failures_per_day(slices),
             period_steps=scenario.period,
             period_s=scenario.period * (scenario.costs.step_s + scenario.costs.gap_s),
@@ -103,11 +112,13 @@ def project(chosen: list[Scenario], model: FailureModel, horizon: Horizon) -> li
 
 
 def recommend(projections: list[Projection]) -> Projection:
-    """The strategy that gets the most steps done (then the higher goodput)."""
-    return max(projections, key=lambda p: (round(p.progress, 4), p.goodput))
+    """The strategy (or the bare loop) that gets the most steps done (then the higher goodput)."""
+    return max(projections, key=lambda p: (round(p.throughput, 4), p.goodput))
 
 
 def scaling(costs: dict[str, StrategyCosts], model: FailureModel, runtime: Runtime, horizon: Horizon,
-            slice_counts: tuple[int, ...] = SLICE_COUNTS) -> dict[int, list[Projection]]:
+            slice_counts: tuple[int, ...] = SLICE_COUNTS, *,
+            overhead_ratio: float = MEASURED_OVERHEAD_RATIO) -> dict[int, list[Projection]]:
     """Every strategy projected at every slice count."""
-    return {n: project(scenarios(costs, n, model, runtime), model, horizon) for n in slice_counts}
+    return {n: project(scenarios(costs, n, model, runtime, overhead_ratio=overhead_ratio), model, horizon)
+            for n in slice_counts}

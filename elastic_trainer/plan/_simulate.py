@@ -13,11 +13,17 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .._snapshots import DEFAULT_SNAPSHOT_PERIOD
 from .._step_cache import DEFAULT_MAX_LAYOUTS
 from ._costs import RecoveryCost, StrategyCosts
 from ._model import FailureModel, Runtime
 
 _EPSILON_S = 1e-7  # a scheduled failure comes this long before the end of its step or save
+BARE_LOOP = "bare_loop"
+"""The user's alternative: a hand-written donating loop, its step the bare loop's, that restarts every
+process from its last checkpoint on every failure (a full restart without the trainer)."""
+RESTARTING = ("full_restart", BARE_LOOP)
+"""The strategies that restart every process on every failure, at their own measured cost."""
 
 
 @dataclass(frozen=True)
@@ -30,6 +36,9 @@ class Scenario:
         each start of its processes, one at a time (``et_likely_layouts``), as many as the step
         cache has room for (``trainer.max_cached_layouts`` less the one in use); a layout needed
         before its compile started is compiled on the spot.
+    :param snapshot_period: steps between host snapshots (``trainer.snapshot_period``; 0: none): where
+        a slice lost while a step runs rolls an elastic strategy back to, when
+        :attr:`Runtime.step_takes_state`.
     """
 
     strategy: str
@@ -39,6 +48,7 @@ class Scenario:
     runtime: Runtime
     period: int
     compile_ahead: bool = True
+    snapshot_period: int = DEFAULT_SNAPSHOT_PERIOD
 
     @property
     def save_s(self) -> float:
@@ -48,7 +58,7 @@ class Scenario:
     @property
     def restarts_on_every_failure(self) -> bool:
         """Whether every lost slice restarts every process and rolls the job back to its last checkpoint."""
-        return self.strategy == "full_restart" or (self.strategy == "pause_resume" and self.runtime.regroups)
+        return self.strategy in RESTARTING or (self.strategy == "pause_resume" and self.runtime.regroups)
 
     def detection_s(self, cost: RecoveryCost) -> float:
         """The time to detect a lost slice: the runtime's, or else the one measured with ``cost``."""
@@ -66,8 +76,9 @@ class Failure:
 
 @dataclass(frozen=True)
 class ScheduledFailure:
-    """A failure as a benchmark schedules it: during the step after ``step`` (``train_step``) or while
-    step ``step`` is saved (``checkpoint_save``), the slices down for ``down_for_s`` from then."""
+    """A failure as a benchmark schedules it: as the step after ``step`` starts (``train_step``: before it is
+    launched) or while step ``step`` is saved (``checkpoint_save``), the slices down for ``down_for_s`` from
+    then."""
 
     step: int
     phase: str
@@ -133,7 +144,7 @@ def replay(scenario: Scenario, steps: int, schedule: list[ScheduledFailure]) -> 
         job.run_to_step(failure.step if after_save else failure.step + 1, after_save=after_save, early_s=_EPSILON_S)
         lost_at = job.t - (job.save_s if after_save else job.step_wall_s)  # its step or save began then
         for lost in failure.slices:
-            job.fail(lost, lost_at + failure.down_for_s)
+            job.fail(lost, lost_at + failure.down_for_s, in_step=False)
     last_saved = steps % scenario.period == 0
     job.run_to_step(steps, after_save=last_saved)
     end = job.t + (0.0 if last_saved else job.save_s) + scenario.costs.end_s
@@ -252,16 +263,21 @@ class _Job:
 
     # ---- failures
 
-    def fail(self, lost: int, back_at: float) -> None:
-        """Slice ``lost`` goes down until ``back_at``; the strategy recovers if the job used it."""
+    def fail(self, lost: int, back_at: float, *, in_step: bool | None = None) -> None:
+        """Slice ``lost`` goes down until ``back_at``; the strategy recovers if the job used it. ``in_step``: a step
+        was running (by default: unless a save or a recovery was)."""
         self.down_until[lost] = max(self.down_until[lost], back_at)
         coordinator = lost == self.coordinator
         if not coordinator and (lost >= self.n or lost in self.missing):
             return  # a slice the job does not use
+        in_step = self.saving is None and self.busy_until <= self.t if in_step is None else in_step
         self._stop_step()
         if coordinator or self.sc.restarts_on_every_failure:
-            self._restart(self.sc.costs.recovery if self.sc.strategy == "full_restart" else self.sc.restart)
-        elif self.sc.strategy == "pause_resume":
+            self._restart(self.sc.costs.recovery if self.sc.strategy in RESTARTING else self.sc.restart)
+            return
+        if in_step and self.sc.runtime.step_takes_state:
+            self._roll_back_to_snapshot()
+        if self.sc.strategy == "pause_resume":
             self._pause()
         else:
             self._scale_down()
@@ -274,6 +290,15 @@ class _Job:
         whole = math.floor(self.done)
         self.productive -= (self.done - whole) * self.step_s
         self.done = whole
+
+    def _roll_back_to_snapshot(self) -> None:
+        """The step under way had taken the state: back to the newest host snapshot (or checkpoint)."""
+        completed, period = self.base + int(self.done), self.sc.snapshot_period
+        snapshot = max(self.checkpoint, completed - completed % period if period else 0)
+        self.productive -= (completed - snapshot) * self.step_s
+        self.lost += completed - snapshot
+        self.base = min(self.base, snapshot)  # a snapshot before a discarded save's cycle starts the cycle there
+        self.done = float(snapshot - self.base)
 
     def _roll_back(self) -> None:
         """Back to the last checkpoint: the steps since are lost."""
