@@ -363,6 +363,8 @@ class Trainer:
             return join(ctx, arrays, layout, joined)
         with clock.measure("startup"):
             self.cluster.check_step(layout.slices, since=incarnations)  # with several processes: all ready
+            if not self.resume:  # the first snapshot: a step that fails before the first period ends starts over
+                ctx.snapshots.take(0, jax.tree.leaves(arrays))
         resume_from = self.checkpointer.latest_step() if self.resume else None
         return LoopState(arrays, layout, step=resume_from or 0, position=0, incarnations=incarnations,
                          whole=not self.resume)

@@ -35,6 +35,7 @@ from elastic_trainer.plan import (
     validate,
 )
 from elastic_trainer.plan.__main__ import main
+from elastic_trainer.plan._model import MULTI_CONTROLLER
 from elastic_trainer.plan._output import block_markers, scaling_table
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -107,6 +108,39 @@ def test_scale_down_waits_for_a_compile_under_way_compiles_a_queued_one_at_once_
     assert back.steps > late.steps and back.goodput - back.progress < late.goodput - late.progress
 
 
+def test_a_slice_lost_while_a_step_runs_rolls_an_elastic_strategy_back_to_its_host_snapshot():
+    # one controller: the step had taken the state, which comes back from the snapshot of step 10 (every 10 steps)
+    own = costs(strategy="scale_down", recovery=RecoveryCost())
+    lost_in_step_14 = [Failure(2 + 13.5, 2, 1e9)]  # 2 s start, 1 s steps: halfway through the step after 13
+    single = simulate(Scenario("scale_down", 4, own, own.recovery, SINGLE_CONTROLLER, period=100), lost_in_step_14, 60)
+    assert single.lost_steps == 3
+    # each process runs its own part of the update: the others keep the state, nothing is lost
+    multi = simulate(Scenario("scale_down", 4, own, own.recovery, MULTI_CONTROLLER, period=100), lost_in_step_14, 60)
+    assert multi.lost_steps == 0
+    # without snapshots, back to the last checkpoint (none yet: the start)
+    bare = simulate(Scenario("scale_down", 4, own, own.recovery, SINGLE_CONTROLLER, period=100, snapshot_period=0),
+                    lost_in_step_14, 60)
+    assert bare.lost_steps == 13
+
+
+def test_the_bare_loop_row_steps_at_the_measured_ratio_and_restarts_on_every_failure(sweep):
+    _, measured = sweep
+    model, horizon = FailureModel(), Horizon(min_failures=100)
+    chosen = {s.strategy: s for s in scenarios(measured, 1024, model, SINGLE_CONTROLLER, overhead_ratio=0.9)}
+    bare, full_restart = chosen["bare_loop"], chosen["full_restart"]
+    assert bare.restarts_on_every_failure and bare.costs.recovery == full_restart.costs.recovery
+    assert bare.costs.step_s == pytest.approx(0.9 * full_restart.costs.step_s)
+    projected = {p.strategy: p for p in project(list(chosen.values()), model, horizon)}
+    assert projected["bare_loop"].throughput == pytest.approx(projected["bare_loop"].progress)
+    # the trainer's rows count its tax: throughput in the bare loop's steps
+    for strategy in ("scale_down", "full_restart"):
+        assert projected[strategy].throughput == pytest.approx(0.9 * projected[strategy].progress, rel=1e-6)
+    # a trainer no slower than the loop: its full_restart gets exactly as far as the loop restarting alike
+    level = {p.strategy: p for p in project(scenarios(measured, 1024, model, SINGLE_CONTROLLER, overhead_ratio=1.0),
+                                             model, horizon)}
+    assert level["bare_loop"].throughput == pytest.approx(level["full_restart"].throughput)
+
+
 def test_beyond_the_layouts_the_step_cache_holds_scale_down_compiles_on_the_spot():
     own = costs(strategy="scale_down", recovery=RecoveryCost())  # layouts of 4 s, 7 compiled ahead from 2 s
     wide = Scenario("scale_down", 16, own, own.recovery, SINGLE_CONTROLLER, period=10)
@@ -169,7 +203,7 @@ def test_the_plan_prints_a_table_per_strategy_and_regenerates_blocks_and_the_plo
     assert main([str(SWEEP_RUNS), "--slices", "64", "--min-failures", "50", "--plot", str(plot),
                  "--markdown", str(page)]) == 0
     out = capsys.readouterr().out
-    assert "recommended: " in out and "| scale_down |" in out and "| full_restart |" in out
+    assert "recommended: " in out and "| scale_down |" in out and "| full_restart |" in out and "| bare_loop |" in out
     assert plot.read_bytes().startswith(b"\x89PNG")
     text = page.read_text()
     assert "stale" not in text and "![plot](plot.png)" in text and text.endswith("<!-- projection-single:end -->\nafter\n")
@@ -212,6 +246,8 @@ def test_bad_input_is_one_sentence_and_exit_status_2(tmp_path, capsys):
         ("--days", "0"): "the job length must be a positive number of days, got 0.0.",
         ("--slices", "many"): "argument --slices: invalid int value: 'many'.",
         ("--cost", "step_s=-1"): "the cost step_s must be a number of seconds, at least 0, got -1.0.",
+        ("--cost", "overhead_ratio=1.5"): "the cost overhead_ratio must be above 0 and at most 1 (the trainer's "
+                                          "steps/s over a bare loop's), got 1.5.",
         (str(broken),): f"{broken / 'report.json'} lacks badput_s, which the projection needs.",
         (str(tmp_path / "nowhere"),): f"{tmp_path / 'nowhere'} is not a run directory (no report.json) and holds none.",
         ("--markdown", str(plain)): f"{plain} has no <!-- projection-single:start --> "

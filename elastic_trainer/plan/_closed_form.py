@@ -37,9 +37,12 @@ def rollback_mtbf_s(scenario: Scenario, model: FailureModel) -> float:
 
 
 def lost_steps_per_day(scenario: Scenario, model: FailureModel) -> float:
-    """Expected steps rolled back a day: each roll-back loses half a period on average."""
-    mtbf_s = rollback_mtbf_s(scenario, model)
-    return 86400 / mtbf_s * scenario.period / 2
+    """Expected steps rolled back a day: each roll-back to a checkpoint loses half a period on average, and on
+    one controller each failure of an elastic strategy's slice (while a step runs) half a snapshot period."""
+    lost = 86400 / rollback_mtbf_s(scenario, model) * scenario.period / 2
+    if not scenario.restarts_on_every_failure and scenario.runtime.step_takes_state:
+        lost += model.failures_per_day(scenario.slices) * scenario.snapshot_period / 2
+    return lost
 
 
 def choose_period(scenario: Scenario, model: FailureModel) -> Period:

@@ -40,9 +40,9 @@ class Projection:
 
     :param goodput: productive time over wall time, as ``report.json`` defines it.
     :param progress: the steps done, timed as on every slice, over wall time.
-    :param throughput: the steps done, timed as the bare loop's step on every slice, over wall time: what the
-        job gets done against the user's alternative (the trainer's step is slower by its overhead; the
-        recommendation goes by this).
+    :param throughput: the progress times the scenario's speed against the bare loop: the steps done, timed as
+        the bare loop's step on every slice, over wall time, what the job gets done against the user's
+        alternative (the recommendation goes by this).
     :param failures_per_day: expected slice failures a day.
     :param lost_steps_per_day: steps rolled back a day, expected (roll-backs are too rare at scale for the
         simulation to count them well: elastic strategies roll back only when the coordinator is lost).
@@ -71,14 +71,14 @@ def scenarios(costs: dict[str, StrategyCosts], slices: int, model: FailureModel,
     restart = restart_cost(costs)
     chosen = []
     for strategy, own in {**costs, BARE_LOOP: bare_loop_costs(costs, overhead_ratio)}.items():
-        scenario = Scenario(strategy, slices, own, restart, runtime, period=1)
+        speed = 1.0 if strategy == BARE_LOOP else overhead_ratio
+        scenario = Scenario(strategy, slices, own, restart, runtime, period=1, speed=speed)
         chosen.append(dataclasses.replace(scenario, period=choose_period(scenario, model).steps))
     return chosen
 
 
 def project(chosen: list[Scenario], model: FailureModel, horizon: Horizon) -> list[Projection]:
-    """Simulate every scenario through the same failures: jobs of ``horizon.days`` until enough have failed.
-    Throughputs are in steps of the bare loop's scenario, if ``chosen`` has one, else each in its own."""
+    """Simulate every scenario through the same failures: jobs of ``horizon.days`` until enough have failed."""
     slices = chosen[0].slices
     horizon_s = horizon.days * 86400
     rng = np.random.default_rng([horizon.seed, slices])
@@ -89,17 +89,17 @@ def project(chosen: list[Scenario], model: FailureModel, horizon: Horizon) -> li
         for scenario in chosen:
             outcomes[scenario.strategy].append(simulate(scenario, trace, horizon_s))
         failures, jobs = failures + len(trace), jobs + 1
-    bare_step_s = next((s.costs.step_s for s in chosen if s.strategy == BARE_LOOP), None)  # without: each its own
     projections = []
     for scenario in chosen:
         done = outcomes[scenario.strategy]
         wall_s = sum(o.wall_s for o in done)
+        progress = sum(o.steps * o.full_step_s for o in done) / wall_s
         projections.append(Projection(
             strategy=scenario.strategy,
             slices=slices,
             goodput=sum(o.productive_s for o in done) / wall_s,
-            progress=sum(o.steps * o.full_step_s for o in done) / wall_s,
-            throughput=sum(o.steps for o in done) * (bare_step_s or scenario.costs.step_s) / wall_s,
+            progress=progress,
+            throughput=progress * scenario.speed,
             failures_per_day=model.failures_per_day(slices),
             period_steps=scenario.period,
             period_s=scenario.period * (scenario.costs.step_s + scenario.costs.gap_s),

@@ -39,6 +39,8 @@ class Scenario:
     :param snapshot_period: steps between host snapshots (``trainer.snapshot_period``; 0: none): where
         a slice lost while a step runs rolls an elastic strategy back to, when
         :attr:`Runtime.step_takes_state`.
+    :param speed: its steps/s over the bare loop's on the same work (the trainer's ``overhead_ratio``; 1 for the
+        bare loop itself), for :attr:`Projection.throughput`.
     """
 
     strategy: str
@@ -49,6 +51,7 @@ class Scenario:
     period: int
     compile_ahead: bool = True
     snapshot_period: int = DEFAULT_SNAPSHOT_PERIOD
+    speed: float = 1.0
 
     @property
     def save_s(self) -> float:
