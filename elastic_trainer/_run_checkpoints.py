@@ -221,6 +221,8 @@ class RunCheckpoints:
         of another model or data order, and what the cluster raises when a
         slice of ``slices`` was lost meanwhile.
         """
+        self._note([outcome for outcome in [self.checkpointer.wait()] if outcome is not None])  # Orbax lists a
+        # save in flight among its steps before its folder is in place: reading it then finds no directory
         skipped = []
         for step in self.checkpointer.steps_newest_first():
             self._hooks.et_before_restore(trainer=self._view, step=step, source="checkpoint")

@@ -22,7 +22,8 @@ def test_every_method_named_in_the_path_exists_on_its_class():
     assert len(named) > 10
     classes = {name: obj for module in (et, _recovery, importlib.import_module("elastic_trainer._layouts"),
                                         importlib.import_module("elastic_trainer._run_checkpoints"),
-                                        importlib.import_module("elastic_trainer._step_runner"))
+                                        importlib.import_module("elastic_trainer._step_runner"),
+                                        importlib.import_module("elastic_trainer._compiled_step"))
                for name, obj in vars(module).items() if inspect.isclass(obj)}
     unknown = [f"{cls}.{attr}" for cls, attr in named if cls in classes and not hasattr(classes[cls], attr)
                and attr not in {field for field in getattr(classes[cls], "__dataclass_fields__", {})}]

@@ -7,6 +7,7 @@ The keep-global-batch runs use a global batch of 24, not 16: after losing one
 of 4 slices of 2 devices, the batch must split over 6 devices.
 """
 
+import asyncio
 import time
 
 import equinox as eqx
@@ -203,6 +204,30 @@ def test_a_step_that_took_the_state_and_failed_with_nothing_to_restore_stops_say
         "the failed step had taken the state from every slice (a step donates it) and there is no "
         "snapshot or checkpoint to restore from; keep trainer.snapshot_period above 0 or enable checkpoints.")
     assert [(f["restored_from"], f["ended_run"]) for f in report["failures"]] == [("none", True)]
+
+
+def test_a_step_that_took_the_state_restores_the_checkpoint_whose_save_is_still_in_flight(
+        tiny_trainer_kwargs, tmp_path, monkeypatch):
+    """Orbax lists a step among its checkpoints as soon as its asynchronous save starts, before the folder is in
+    place. The save of step 2 is held back here until well after step 3 has failed (its finalization waits), so
+    the restore must wait for that save to end rather than find no directory and stop the run."""
+    from orbax.checkpoint.path import atomicity
+
+    finalize = atomicity.AtomicRenameTemporaryPath.finalize
+
+    async def late_finalize(self):
+        await asyncio.sleep(1.0)
+        await finalize(self)
+
+    monkeypatch.setattr(atomicity.AtomicRenameTemporaryPath, "finalize", late_finalize)
+    trainer = et.Trainer(**tiny_trainer_kwargs(
+        steps=STEPS, global_batch_size=BATCH, snapshot_period=0, strategy=ScaleDown(compile_ahead=False),
+        checkpointer=et.Checkpointer(tmp_path, period=2), plugins=[chaos(lose(2, phase="update"))]))
+    state, report = fit(trainer)
+    assert state is not None, report["stopped"]
+    [failure] = report["failures"]
+    assert (failure["restored_from"], failure["lost_steps"]) == ("checkpoint", FAIL_AT - 2)
+    assert report["steps_completed"] == STEPS
 
 
 # ------------------------------------------------------------------ scale_down, slice back soon
