@@ -17,7 +17,9 @@ so the first run starts cold:
 3. badput per failure: the MaxText-style loop with a checkpoint every
    ``--badput-period`` steps (100, as the seed's demo ran MaxText) and
    ``scale_down``, each with the failure at the same 5 positions spread over one
-   period (``--positions``). ``scale_down`` twice: the slice lost before the
+   period (``--positions``), every run of the same length (the learning-rate
+   schedule's decay is ``trainer.steps``, so each length is other programs) and
+   after one warm-up run of each loop. ``scale_down`` twice: the slice lost before the
    step is launched (chaos's ``train_step`` phase: its state is whole on the
    other slices) and while the step runs (``update``: the step has taken the
    state, which comes back from the host snapshot, ``trainer.snapshot_period``).
@@ -61,7 +63,7 @@ of the bare loop (``d_model=256``, 4 layers, as fast with a smaller state; ``d_m
 ``d_model=512``, 4 layers, 1.97 s)."""
 SIZES = {"default": [], "d384_l3": LARGEST, "d512_l4": ["model.d_model=512", "model.num_layers=4"]}
 AFTER_LAST_FAILURE = 8
-"""Steps a badput run trains after its failure's step: enough to be back and to time its steps."""
+"""Steps a badput run trains after the last position's failure: enough to be back and to time its steps."""
 
 
 def trainer_run(strategy: str, fail_at: int, run_dir: Path, steps: int, env: dict, *, down_for_s: float,
@@ -131,8 +133,13 @@ def badput_rows(tmp: Path, env: dict, args: argparse.Namespace, overrides: tuple
     """Every kind of :data:`BADPUT_KINDS` with its failure at each of ``args.positions``: the rows by kind."""
     rows: dict[str, list] = {kind: [] for kind in BADPUT_KINDS}
     tag = "-".join(o.replace("=", "") for o in overrides) or "default"
+    steps = max(args.positions) + AFTER_LAST_FAILURE  # one length for every run: the learning-rate schedule
+    # depends on it, so runs of other lengths compile other programs and would each recover on a cold cache
+    first = args.positions[0]  # both loops' programs, the new layout's included, into the compilation cache first
+    warm = {"down_for_s": args.down_for_s, "checkpoint_period": args.badput_period, "overrides": overrides}
+    maxtext_run(first, tmp / f"warm-maxtext-{tag}", steps, env, **warm)
+    trainer_run("scale_down", first, tmp / f"warm-trainer-{tag}", steps, env, **warm)
     for position in args.positions:
-        steps = position + AFTER_LAST_FAILURE
         for kind, phase in BADPUT_KINDS.items():
             run_dir = tmp / f"badput-{tag}-{kind.replace(' ', '_')}-{position}"
             if phase is None:
@@ -242,10 +249,6 @@ def sizes(tmp: Path, env: dict, args: argparse.Namespace) -> None:
     table = []
     for name, overrides in SIZES.items():
         print(f"{name} ({' '.join(overrides) or 'the default model'}):", flush=True)
-        warm = {"down_for_s": args.down_for_s, "checkpoint_period": args.badput_period, "overrides": tuple(overrides)}
-        first = args.positions[0]  # both loops' programs into the compilation cache first, as in section 2
-        maxtext_run(first, tmp / f"warm-maxtext-{name}", first + AFTER_LAST_FAILURE, env, **warm)
-        trainer_run("scale_down", first, tmp / f"warm-trainer-{name}", first + AFTER_LAST_FAILURE, env, **warm)
         rows = badput_rows(tmp, env, args, tuple(overrides))
         print_badput(rows)
         table.append((name, state_bytes(overrides) / 1e6, rows))
