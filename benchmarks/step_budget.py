@@ -110,7 +110,7 @@ def instrument(timeline: Timeline) -> None:
 
     patches = [
         (StepRunner, "_take_batch", "batch (take the one read ahead)"), (StepRunner, "_read_batch", "batch (read)"),
-        (StepRunner, "state_of", "state unflattened"), (StepRunner, "_leaves_of", "state's leaves"),
+        (StepRunner, "_state_of", "state unflattened"), (StepRunner, "_leaves_of", "state's leaves"),
         (StepRunner, "launching", "launch"), (SimulatedCluster, "check_launch", "cluster: launch check"),
         (StepRunner, "dispatched", "dispatched"), (SimulatedCluster, "step_dispatched", "cluster: step dispatched"),
         (SimulatedCluster, "slice_step_seconds", "stragglers"), (StragglerWatch, "observe", "stragglers"),

@@ -11,7 +11,7 @@ from jaxtyping import PyTree
 
 from .clusters import AbstractCluster
 from ._data import AbstractDataset, sample_ids
-from ._failures import SliceLostError, StepTimeoutError
+from ._failures import SliceLostError, StepInterrupted, StepTimeoutError
 from ._mesh import batch_sharding
 from ._records import Layout
 from ._watchdog import Watchdog
@@ -91,7 +91,13 @@ class StepRunner:
                                            batch_size=layout.batch_size, monitor=self)
         return StepResult(self._last[0], leaves, batch.ids, {"loss": loss})
 
-    def state_of(self, leaves: list[jax.Array]) -> PyTree:
+    def result_of(self, interrupted: StepInterrupted) -> StepResult:
+        """What the running step made when its update failed elsewhere (a split step's): the state the live
+        processes hold, on the samples it ran."""
+        leaves = interrupted.leaves
+        return StepResult(self._state_of(leaves), leaves, self._batch.ids, {"loss": interrupted.loss})
+
+    def _state_of(self, leaves: list[jax.Array]) -> PyTree:
         """The state made of a step's new ``leaves``; the next step takes its leaves without flattening it."""
         arrays = self._state_structure.unflatten(leaves)
         self._last = arrays, leaves
@@ -117,7 +123,7 @@ class StepRunner:
         costs about a microsecond per device, 1.5 ms a step for the small model's state on 64 devices, which a
         hand-written loop pays while its step runs too)."""
         self._retired = self._last, self._batch  # this step's state and batch: let go while the next one runs
-        self.state_of(leaves)
+        self._state_of(leaves)
 
     def before_update(self) -> None:
         """The step's update is about to consume the state (``et_before_update``)."""

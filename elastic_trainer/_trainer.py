@@ -25,7 +25,7 @@ from jaxtyping import PyTree
 
 from ._checkpoint import Checkpointer
 from .clusters import AbstractCluster, SimulatedCluster
-from ._data import AbstractDataset, sample_ids
+from ._data import AbstractDataset
 from ._failures import ConfigError, PluginError, RestartRequested, StepInterrupted, TrainingStopped
 from ._goodput import GoodputClock
 from ._layouts import Layouts
@@ -386,9 +386,7 @@ class Trainer:
             except StepInterrupted as interrupted:
                 if interrupted.leaves is None:  # no slice holds the state: the step is lost
                     raise
-                ids = sample_ids(self.data.num_samples, seed=self.seed, start=state.position, count=layout.batch_size)
-                done = StepResult(ctx.runner.state_of(interrupted.leaves), interrupted.leaves, ids,
-                                  {"loss": interrupted.loss})
+                done = ctx.runner.result_of(interrupted)
                 failure = interrupted.error
             committed = _commit(self, state, done, interrupted=failure is not None)
         ctx.history.seconds[state.step] = time.time() - began
