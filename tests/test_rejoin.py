@@ -1,6 +1,8 @@
 """The parts of a rejoin that run in one process: the state from a peer, its trip through host memory, the
 admission's record, and when the launcher starts a replacement (tests/test_multiprocess.py runs it for real)."""
 
+import time
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -98,8 +100,8 @@ class FakeClient:
     """The coordination service's key-value store and barriers as a dict; a barrier named in ``missing`` times
     out (a process it waits for never comes)."""
 
-    def __init__(self, missing=()):
-        self.store, self.barriers, self.missing = {}, [], missing
+    def __init__(self, missing=(), on_wait=lambda key: None):
+        self.store, self.barriers, self.missing, self.on_wait = {}, [], missing, on_wait
 
     def key_value_try_get(self, key):
         if key not in self.store:
@@ -114,6 +116,14 @@ class FakeClient:
 
     def key_value_dir_get(self, directory):
         return [(k, v) for k, v in self.store.items() if k.startswith(directory + "/")]
+
+    def blocking_key_value_get(self, key, timeout_ms):
+        """A key not there yet is waited for: ``on_wait`` runs what the other processes do meanwhile."""
+        if key not in self.store:
+            self.on_wait(key)
+        if key not in self.store:
+            raise jax.errors.JaxRuntimeError(f"DEADLINE_EXCEEDED: {key} not set within {timeout_ms} ms")
+        return self.store[key]
 
     def wait_at_barrier(self, name, timeout_ms, process_ids):
         self.barriers.append((name.rsplit("/", 1)[1], tuple(process_ids)))
@@ -169,3 +179,43 @@ def test_a_replacement_is_returning_only_while_it_asks(process_0):
     cluster._offer_returns()
     cluster._hear_returns()
     assert cluster.returning_slices() == [] and client.barriers == []
+
+
+class TwoSlicesOfTwoProcesses(ThreeProcesses):
+    """A job of 2 slices of 2 processes, process 2 of slice 1 killed and due back; process 3, its live partner,
+    is leaving with it. Every process sees the same state after their agreement."""
+
+    slices = 2
+
+    def __init__(self, client):
+        self._client = lambda: client
+        self._live, self._failures, self._dispatched = {0, 1, 3}, [0, 1], 7
+
+    def processes_of(self, index):
+        return range(2 * index, 2 * index + 2)
+
+
+def test_survivors_decide_whether_a_lost_slice_returns_only_once_its_live_partner_has_said_so(monkeypatch, tmp_path):
+    """The order that made pause_resume re-form the job: a survivor asks before the partner noted its return."""
+    monkeypatch.setenv(_rejoin.RETURNS_DIR_ENV, str(tmp_path))  # the local launcher's
+    events = []
+
+    def partner_leaves(key):  # process 3 reaches its part of the loss only once process 0 waits for it
+        events.append(("survivor waits for", key))
+        with monkeypatch.context() as patch:
+            patch.setattr(_rejoin, "own_process", lambda: 3)
+            TwoSlicesOfTwoProcesses(client)._note_own_return(1)
+        events.append(("partner noted", sorted(k for k in client.store if "/3" in k)))
+
+    client = FakeClient(on_wait=partner_leaves)
+    client.key_value_set(f"{KEY_PREFIX}returns/2", repr(time.time() + 5))  # the killed process said when
+    monkeypatch.setattr(_rejoin, "own_process", lambda: 0)
+    assert TwoSlicesOfTwoProcesses(client).lost_slices_return([1], within_s=60)
+    assert events == [("survivor waits for", f"{KEY_PREFIX}left/3/1"),
+                      ("partner noted", [f"{KEY_PREFIX}left/3/1", f"{KEY_PREFIX}returns/3"])]
+
+
+def test_a_partner_that_died_before_saying_whether_it_returns_is_waited_for_no_longer_than_a_barrier(process_0):
+    client = FakeClient()  # process 3 never notes: the wait times out, and the slice is not waited for
+    client.key_value_set(f"{KEY_PREFIX}returns/2", repr(time.time() + 5))
+    assert not TwoSlicesOfTwoProcesses(client).lost_slices_return([1], within_s=60)

@@ -387,6 +387,6 @@ class MultiprocessCluster(ProcessRejoin, ProcessFailureInjection, AbstractInject
     def _leave_with_lost_slice(self, message: str) -> None:
         """This process lives but its slice is lost: go too (SIGKILL, as the slice's dead process went), saying why."""
         say_down(self._client())
-        self._note_own_return(self.processes_of(jax.process_index() // self.processes_per_slice))
+        self._note_own_return(jax.process_index() // self.processes_per_slice)
         print(f"elastic_trainer: process {jax.process_index()} leaves the job: {message}", file=sys.stderr, flush=True)
         os.kill(os.getpid(), signal.SIGKILL)

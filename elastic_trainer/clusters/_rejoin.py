@@ -198,6 +198,12 @@ def from_peers(arrays: PyTree, shardings: PyTree, donor: int) -> PyTree:
     return jax.jit(spread, out_shardings=shardings)(arrays)
 
 
+def _left_key(process: int, incarnation: int) -> str:
+    """The key-value note by which ``process`` says it has noted whether it comes back with its slice, lost in the
+    slice's ``incarnation`` (its failure count as the live processes agreed on it)."""
+    return f"left/{process}/{incarnation}"
+
+
 def donor_of(slices: Sequence[int], returning: Sequence[int]) -> int:
     """The position in ``slices`` of the first slice that is not returning: the one whose state the others get."""
     return next(i for i, s in enumerate(slices) if s not in returning)
@@ -260,17 +266,39 @@ class ProcessRejoin:
     def lost_slices_return(self, slices: Sequence[int], *, within_s: float) -> bool:
         """Whether every process of lost ``slices`` is due back within ``within_s``: the local launcher starts a
         replacement of a process that failure injection took down for a while, when it said (:func:`note_return`).
-        Nothing else is known to come back: another scheduler's replacements join too, but are not waited for."""
+        Nothing else is known to come back: another scheduler's replacements join too, but are not waited for.
+
+        The live processes of those slices are leaving the job and note first whether they come back with their
+        dead partners (:meth:`_note_own_return`): this waits until each has (:meth:`_await_partners`), so the
+        answer does not depend on which process got there first."""
+        self._await_partners(slices)
         due = [noted(self._client(), f"returns/{p}") for s in slices for p in self.processes_of(s)]
         return None not in due and max(map(float, due), default=0) <= time.time() + within_s
 
-    def _note_own_return(self, slice_processes: Sequence[int]) -> None:
+    def _await_partners(self, slices: Sequence[int]) -> None:
+        """Wait until every process of lost ``slices`` still live at the last agreement has said whether it comes
+        back (its ``left`` note for the slice's incarnation), up to ``barrier_timeout_s`` in all: one that died
+        before saying so is not waited for longer."""
+        deadline = time.monotonic() + self.barrier_timeout_s
+        for s in slices:
+            for p in (p for p in self.processes_of(s) if p in self._live):
+                remaining_ms = max(0, int((deadline - time.monotonic()) * 1000))
+                try:
+                    self._client().blocking_key_value_get(f"{KEY_PREFIX}{_left_key(p, self._failures[s])}",
+                                                          remaining_ms)
+                except jax.errors.JaxRuntimeError:  # not noted in time: it died before it could
+                    return
+
+    def _note_own_return(self, slice_index: int) -> None:
         """In a live process that leaves the job with its slice: when the dead ones of the slice come back, come
-        back with them (the slice returns whole); a slice dropped alive comes back at once, to wait until wanted."""
-        dead = [p for p in slice_processes if p not in self._live]
+        back with them (the slice returns whole); a slice dropped alive comes back at once, to wait until wanted.
+        Then note that it has decided (:meth:`_await_partners` waits for that)."""
+        dead = [p for p in self.processes_of(slice_index) if p not in self._live]
         due = [noted(self._client(), f"returns/{p}") for p in dead]
         if None not in due:
             note_return(self._client(), 0, back_at=max(map(float, due), default=time.time()))
+        self._client().key_value_set(f"{KEY_PREFIX}{_left_key(own_process(), self._failures[slice_index])}", "1",
+                                     allow_overwrite=True)
 
     def await_returns(self) -> None:
         """The live processes agree on who lives (a barrier), and so on the replacements that asked to join."""
