@@ -35,7 +35,7 @@ from elastic_trainer.plan import (
     validate,
 )
 from elastic_trainer.plan.__main__ import main
-from elastic_trainer.plan._model import MULTI_CONTROLLER
+from elastic_trainer.plan._model import MULTI_CONTROLLER, Linear
 from elastic_trainer.plan._output import block_markers, scaling_table
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -121,6 +121,19 @@ def test_a_slice_lost_while_a_step_runs_rolls_an_elastic_strategy_back_to_its_ho
     bare = simulate(Scenario("scale_down", 4, own, own.recovery, SINGLE_CONTROLLER, period=100, snapshot_period=0),
                     lost_in_step_14, 60)
     assert bare.lost_steps == 13
+
+
+def test_on_the_multi_controller_runtime_a_lost_process_comes_back_at_the_measured_rejoin_cost():
+    own = costs(strategy="scale_down", recovery=RecoveryCost(), layout_compile_s=0.0)  # 1 s steps, no saves in 600 s
+    multi = Scenario("scale_down", 4, own, own.recovery, MULTI_CONTROLLER, period=1000)
+    gone = simulate(multi, [Failure(100.0, 3, 1e9)], 600.0)
+    back = simulate(multi, [Failure(100.0, 3, 50.0)], 600.0)  # its replacement is back 50 s later: taken back in
+    assert back.steps > gone.steps and back.progress > gone.progress
+    # taking it back in costs the runtime's fitted rejoin at 4 processes, not the single controller's scale-up
+    free = dataclasses.replace(multi, runtime=dataclasses.replace(MULTI_CONTROLLER, rejoin_s=Linear(0.0, 0.0)))
+    rejoin_s = MULTI_CONTROLLER.rejoin_s.at(4)
+    assert rejoin_s > own.scale_up_s
+    assert simulate(free, [Failure(100.0, 3, 50.0)], 600.0).steps - back.steps == pytest.approx(rejoin_s, abs=1)
 
 
 def test_the_bare_loop_row_steps_at_the_measured_ratio_and_restarts_on_every_failure(sweep):

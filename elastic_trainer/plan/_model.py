@@ -11,12 +11,15 @@ Every default is a published or measured number (docs/projection.md cites each):
 - :data:`REPAIR_S`: 5 minutes until a lost slice (or a spare in its place) is
   back: MaxText's ``elastic_timeout_seconds`` default, the time its elastic
   mode waits for one.
-- :data:`MULTI_CONTROLLER`: detection and barrier costs measured on
-  ``cluster=multiprocess`` (docs/multiprocess.md).
+- :data:`MULTI_CONTROLLER`: detection, barrier and rejoin costs measured on
+  ``cluster=multiprocess`` from 2 to 16 processes (:data:`MEASURED_MULTIPROCESS`,
+  docs/multiprocess.md, "From 2 to 16 processes").
 """
 
 from __future__ import annotations
 
+import statistics
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -83,17 +86,66 @@ docs/architecture.md "The step"), at most 1: the trainer runs the same program, 
 machine's noise. A bare loop restarting from its checkpoints (the projection's ``bare_loop`` row) steps this
 much faster."""
 
-MEASURED_SAVE_BARRIER_S = ((1, 0.02), (2, 0.05), (3, 0.125))
-"""(processes, seconds) a save of a two-array state blocked on ``cluster=multiprocess``: almost all of it
-the processes' synchronization (docs/multiprocess.md, "Checkpoints after a lost process"; middles of the ranges)."""
-MEASURED_DETECTION_S = 5.1
-"""A killed process detected by the survivors (collective timeout 4 s, heartbeat 3 s; docs/multiprocess.md)."""
+
+@dataclass(frozen=True)
+class MeasuredProcesses:
+    """What ``benchmarks/multiprocess_scale.py`` measured with ``processes`` processes of one CPU device each
+    (seconds): a save's blocking time (almost all of it the processes' synchronization), the detection of a
+    killed process, and taking its replacement back in (new backends, the compile, the state from a peer;
+    ``None`` where that failed)."""
+
+    processes: int
+    save_s: float
+    detection_s: float
+    rejoin_s: float | None
 
 
-def barrier_s_per_process(measured: tuple[tuple[int, float], ...] = MEASURED_SAVE_BARRIER_S) -> float:
-    """Least squares through the origin of the measured barrier times against the process count."""
-    processes, seconds = (np.array(column, dtype=float) for column in zip(*measured))
-    return float(np.linalg.lstsq(processes[:, None], seconds, rcond=None)[0][0])
+MEASURED_MULTIPROCESS = (
+    MeasuredProcesses(2, save_s=0.165, detection_s=2.28, rejoin_s=8.40),
+    MeasuredProcesses(4, save_s=0.273, detection_s=10.12, rejoin_s=21.78),
+    MeasuredProcesses(8, save_s=0.583, detection_s=10.15, rejoin_s=26.02),
+    MeasuredProcesses(16, save_s=1.577, detection_s=20.24, rejoin_s=None),
+)
+"""``python benchmarks/multiprocess_scale.py``, 2026-12-03 (benchmarks/results/multiprocess_scale/results.json;
+docs/multiprocess.md, "From 2 to 16 processes"): the tiny model, process 1 killed and back,
+``cluster.collective_timeout_s=10``, every process on the same 2 CPU cores, shared with another job. With 16
+processes taking the replacement back in failed (gloo's 30 s rendezvous), so the rejoin is fitted over 2 to 8."""
+
+
+@dataclass(frozen=True)
+class Linear:
+    """A cost of ``fixed_s`` plus ``per_process_s`` for each process."""
+
+    fixed_s: float
+    per_process_s: float
+
+    def at(self, processes: int) -> float:
+        """The cost with ``processes`` processes."""
+        return self.fixed_s + self.per_process_s * processes
+
+
+def fit_linear(points: Sequence[tuple[int, float]], *, through_origin: bool = False) -> Linear:
+    """Least squares of (processes, seconds) ``points`` by a line (``through_origin``: with no fixed part)."""
+    processes, seconds = (np.array(column, dtype=float) for column in zip(*points))
+    columns = [processes] if through_origin else [np.ones_like(processes), processes]
+    solution = np.linalg.lstsq(np.stack(columns, axis=1), seconds, rcond=None)[0]
+    return Linear(0.0, float(solution[0])) if through_origin else Linear(float(solution[0]), float(solution[1]))
+
+
+def barrier_s_per_process(measured: Sequence[MeasuredProcesses] = MEASURED_MULTIPROCESS) -> float:
+    """Least squares through the origin of the measured saves' blocking times against the process count."""
+    return fit_linear([(m.processes, m.save_s) for m in measured], through_origin=True).per_process_s
+
+
+def detection_s(measured: Sequence[MeasuredProcesses] = MEASURED_MULTIPROCESS) -> float:
+    """The median measured detection: with 4 and 8 processes the survivors not connected to the dead process waited
+    out the collective timeout, with 16 twice; with 2 the survivor's collective failed at once."""
+    return statistics.median(m.detection_s for m in measured)
+
+
+def rejoin_cost(measured: Sequence[MeasuredProcesses] = MEASURED_MULTIPROCESS) -> Linear:
+    """Least squares of the measured rejoins by a line in the process count."""
+    return fit_linear([(m.processes, m.rejoin_s) for m in measured if m.rejoin_s is not None])
 
 
 @dataclass(frozen=True)
@@ -106,6 +158,8 @@ class Runtime:
     :param barrier_s_per_process: the cost of one barrier over the processes, per process; paid at every
         save, at every recovery's agreement on who lives and at every start of the processes.
     :param rejoin: a returned slice can rejoin a running job (``scale_down`` scales up).
+    :param rejoin_s: what taking it back in costs, or ``None`` for the measured scale-up; on the multi-controller
+        runtime every process then starts a new backend, and every compiled layout but the new one is forgotten.
     :param regroups: a strategy that waits for lost slices re-forms the whole group (a full restart).
     :param controller_fails: the controller (on the multi-controller runtime, the process hosting JAX's
         coordination service, ``cluster.coordinator=separate``) is a host of its own, failing at a slice's
@@ -119,6 +173,7 @@ class Runtime:
     detection_s: float | None
     barrier_s_per_process: float
     rejoin: bool
+    rejoin_s: Linear | None
     regroups: bool
     controller_fails: bool
     step_takes_state: bool
@@ -128,8 +183,9 @@ class Runtime:
         return self.barrier_s_per_process * slices
 
 
-SINGLE_CONTROLLER = Runtime("single", detection_s=None, barrier_s_per_process=0.0, rejoin=True, regroups=False,
-                            controller_fails=True, step_takes_state=True)
-MULTI_CONTROLLER = Runtime("multi", detection_s=MEASURED_DETECTION_S, barrier_s_per_process=barrier_s_per_process(),
-                           rejoin=False, regroups=True, controller_fails=True, step_takes_state=False)
+SINGLE_CONTROLLER = Runtime("single", detection_s=None, barrier_s_per_process=0.0, rejoin=True, rejoin_s=None,
+                            regroups=False, controller_fails=True, step_takes_state=True)
+MULTI_CONTROLLER = Runtime("multi", detection_s=detection_s(), barrier_s_per_process=barrier_s_per_process(),
+                           rejoin=True, rejoin_s=rejoin_cost(), regroups=True, controller_fails=True,
+                           step_takes_state=False)
 RUNTIMES = {runtime.name: runtime for runtime in (SINGLE_CONTROLLER, MULTI_CONTROLLER)}

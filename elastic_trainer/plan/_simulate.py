@@ -350,7 +350,13 @@ class _Job:
         if missing == self.missing:
             return
         self.missing = missing
-        self.busy_until = self.t + self.sc.costs.scale_up_s + self._compile_wait(missing, self.t)
+        rejoin = self.sc.runtime.rejoin_s
+        if rejoin is None:
+            self.busy_until = self.t + self.sc.costs.scale_up_s + self._compile_wait(missing, self.t)
+            return
+        self.busy_until = self.t + rejoin.at(self.n)  # new backends: the new layout compiled within it, the rest lost
+        self._new_processes(self.busy_until)
+        self.compiled.add(missing)
 
     # ---- compiled layouts
 
