@@ -11,7 +11,7 @@ import jax
 from jaxtyping import PyTree
 
 from .clusters import Admission
-from .clusters._rejoin import donor_of, from_host, from_peers, to_host
+from .clusters._rejoin import compile_from_peers, donor_of, from_host, to_host
 from ._records import Layout, LoopState
 
 
@@ -58,9 +58,18 @@ def join(ctx, arrays: PyTree, layout: Layout, admission: Admission) -> LoopState
 
 def share_state(ctx, arrays: PyTree, layout: Layout, donor: int) -> PyTree:
     """What every process of a grown job does alike, in the same order: every slice gets the state of the slice at
-    position ``donor`` (:func:`from_peers`), the processes agree on who lives, and checkpoints regroup over them."""
+    position ``donor`` (:func:`compile_from_peers`), the processes agree on who lives, and checkpoints regroup
+    over them.
+
+    The program is compiled first and run only once the processes have
+    agreed on who lives: a replacement gets here after compiling its whole
+    step, long after the live processes (at 16 processes on 2 cores, more
+    than the 30 s gloo gives a peer to join a collective on a new backend).
+    """
     with ctx.clock.measure("remesh"):
-        arrays = from_peers(arrays, layout.shardings, donor)
+        spread = compile_from_peers(arrays, layout.shardings, donor)
+        ctx.cluster.check_step(layout.slices, since=ctx.cluster.incarnations())
+        arrays = spread(arrays)
         jax.block_until_ready(arrays)
         ctx.cluster.check_step(layout.slices, since=ctx.cluster.incarnations())
     if ctx.checkpoints is not None:

@@ -13,7 +13,7 @@ from elastic_trainer._mesh import state_shardings
 from elastic_trainer.clusters import Admission
 from elastic_trainer.clusters import _rejoin
 from elastic_trainer.clusters._coordinator import KEY_PREFIX
-from elastic_trainer.clusters._rejoin import ProcessRejoin, donor_of, from_host, from_peers, to_host
+from elastic_trainer.clusters._rejoin import ProcessRejoin, compile_from_peers, donor_of, from_host, to_host
 from elastic_trainer.launch._launcher import _due_to_return, _job_ending
 
 
@@ -40,7 +40,7 @@ def test_every_slice_gets_the_donor_slices_values_exactly_whatever_the_others_ho
         "flag": slice_values(mesh, shardings["flag"], [np.array([False, False]), np.array([True, False]),
                                                        np.array([True, True]), np.array([False, True])]),
     }
-    shared = from_peers(state, shardings, donor=1)
+    shared = compile_from_peers(state, shardings, donor=1)(state)
     for shard in shared["w"].addressable_shards:  # every device's shard, NaN-holding slices included
         np.testing.assert_array_equal(np.asarray(shard.data), donor_w[shard.index])
     assert {int(s.data) for s in shared["step"].addressable_shards} == {41}
@@ -61,7 +61,7 @@ def test_the_state_goes_through_host_memory_onto_a_larger_mesh_with_zeros_where_
     for shard in moved["w"].addressable_shards:
         expected = values["w"][shard.index] if shard.device.id in on_small else 0
         np.testing.assert_array_equal(np.asarray(shard.data), expected)
-    np.testing.assert_array_equal(np.asarray(from_peers(moved, shardings, donor=0)["w"]), values["w"])
+    np.testing.assert_array_equal(np.asarray(compile_from_peers(moved, shardings, donor=0)(moved)["w"]), values["w"])
 
 
 def test_an_admission_reads_back_as_written_and_the_donor_is_the_first_slice_not_returning():

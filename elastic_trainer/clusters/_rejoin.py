@@ -8,7 +8,7 @@ communicators for as long as its CPU client lives (XLA's
 replacement in at a step boundary, all together: they meet it at a barrier,
 the lowest of them deletes the old backend's keys, and every process starts a
 new CPU backend; the train state then reaches the replacement from a peer
-(:func:`from_peers`), with no checkpoint read.
+(:func:`compile_from_peers`), with no checkpoint read.
 """
 
 from __future__ import annotations
@@ -166,7 +166,7 @@ def to_host(arrays: PyTree) -> list[dict[int, np.ndarray]]:
 
 def from_host(host: list[dict[int, np.ndarray]], abstract: PyTree, shardings: PyTree) -> PyTree:
     """Arrays shaped like ``abstract`` on ``shardings``, each device's shard from ``host`` (:func:`to_host`) where
-    it held one, else zeros (a returning slice's devices, which :func:`from_peers` fills)."""
+    it held one, else zeros (a returning slice's devices, which :func:`compile_from_peers` fills)."""
     likes, structure = jax.tree.flatten(abstract)
 
     def make(held: dict[int, np.ndarray], like: jax.ShapeDtypeStruct, sharding: NamedSharding) -> jax.Array:
@@ -178,9 +178,14 @@ def from_host(host: list[dict[int, np.ndarray]], abstract: PyTree, shardings: Py
     return structure.unflatten([make(*leaf) for leaf in zip(host, likes, structure.flatten_up_to(shardings))])
 
 
-def from_peers(arrays: PyTree, shardings: PyTree, donor: int) -> PyTree:
-    """``arrays`` with every slice's shards replaced by those of the slice at position ``donor`` of the mesh: a sum
-    over the slices to which only the donor adds anything, so every value is the donor's exactly."""
+def compile_from_peers(arrays: PyTree, shardings: PyTree, donor: int) -> Callable[[PyTree], PyTree]:
+    """The compiled program that gives ``arrays`` every slice's shards from the slice at position ``donor`` of the
+    mesh: a sum over the slices to which only the donor adds anything, so every value is the donor's exactly.
+
+    Compiling runs no collective; the caller runs the program once every
+    process of the mesh is there to take part (gloo waits only 30 s for a
+    peer's first collective on a new backend).
+    """
     specs = jax.tree.map(lambda s: s.spec, shardings)
     mesh = jax.tree.leaves(shardings)[0].mesh
 
@@ -195,7 +200,7 @@ def from_peers(arrays: PyTree, shardings: PyTree, donor: int) -> PyTree:
         return jax.tree.map(one, tree)
 
     spread = jax.shard_map(keep_donors, mesh=mesh, in_specs=(specs,), out_specs=specs, check_vma=False)
-    return jax.jit(spread, out_shardings=shardings)(arrays)
+    return jax.jit(spread, out_shardings=shardings).lower(arrays).compile()
 
 
 def _left_key(process: int, incarnation: int) -> str:
@@ -316,7 +321,7 @@ class ProcessRejoin:
         Every live process calls this with the same values. Every process (the
         replacements too) then starts a new backend (:func:`restart_backends`):
         ``before_restart`` lets go of what runs on the old one, and the caller
-        moves the state over (:func:`from_peers`) afterwards. A replacement
+        moves the state over (:func:`compile_from_peers`) afterwards. A replacement
         that does not come to meet (it died after asking) is given up, and the
         job goes on as it was. Replacements of slices not in ``slices`` go on
         waiting to be wanted.
