@@ -30,10 +30,10 @@ import os
 import signal
 from collections.abc import Callable, Iterator, Sequence
 
-from jax._src import distributed
 from jax.experimental import multihost_utils
 
 from ._failures import ConfigError, TrainingStopped
+from ._private_apis import preemption_service_running
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 """What always stops a run with a checkpoint: how Kubernetes and Slurm preempt, and Ctrl-C."""
@@ -99,11 +99,6 @@ def signal_handlers(signals: Sequence[int], handler: Callable[[int, object], Non
                 signal.signal(signum, handler_before)
 
 
-def _jax_preemption_service() -> bool:
-    """Whether JAX's preemption sync manager runs (a multi-process job started by ``jax.distributed``)."""
-    return distributed.global_state.preemption_sync_manager is not None
-
-
 class PreemptionWatch:
     """Notes the stop signals received while it is entered; the loop asks :meth:`stops_at`.
 
@@ -125,13 +120,13 @@ class PreemptionWatch:
             os.kill(os.getpid(), signum)
             return
         self.received = signum
-        if _jax_preemption_service() and signum != signal.SIGTERM:
+        if preemption_service_running() and signum != signal.SIGTERM:
             os.kill(os.getpid(), signal.SIGTERM)  # JAX's notifier tells the other processes
 
     def stops_at(self, step: int) -> bool:
         """Whether to stop with ``step`` committed; called once at every step boundary (all processes alike)."""
         if not self._stopping:
-            if _jax_preemption_service():
+            if preemption_service_running():
                 self._stopping = multihost_utils.reached_preemption_sync_point(step)
             else:
                 self._stopping = self.received is not None
@@ -143,7 +138,7 @@ class PreemptionWatch:
         return self.received or signal.SIGTERM
 
     def __enter__(self) -> PreemptionWatch:
-        own = [s for s in self.signals if not (s == signal.SIGTERM and _jax_preemption_service())]  # else JAX's
+        own = [s for s in self.signals if not (s == signal.SIGTERM and preemption_service_running())]  # else JAX's
         self._handlers.enter_context(signal_handlers(own, self._note))
         return self
 

@@ -146,7 +146,7 @@ class ThreeProcesses(ProcessRejoin):
 
 @pytest.fixture
 def process_0(monkeypatch):
-    monkeypatch.setattr(_rejoin, "own_process", lambda: 0)
+    monkeypatch.setattr(_rejoin, "own_process_id", lambda: 0)
 
 
 def test_live_processes_hear_of_a_replacement_where_they_agree_and_answer_it_when_taking_it_in(process_0):
@@ -203,13 +203,13 @@ def test_survivors_decide_whether_a_lost_slice_returns_only_once_its_live_partne
     def partner_leaves(key):  # process 3 reaches its part of the loss only once process 0 waits for it
         events.append(("survivor waits for", key))
         with monkeypatch.context() as patch:
-            patch.setattr(_rejoin, "own_process", lambda: 3)
+            patch.setattr(_rejoin, "own_process_id", lambda: 3)
             TwoSlicesOfTwoProcesses(client)._note_own_return(1)
         events.append(("partner noted", sorted(k for k in client.store if "/3" in k)))
 
     client = FakeClient(on_wait=partner_leaves)
     client.key_value_set(f"{KEY_PREFIX}returns/2", repr(time.time() + 5))  # the killed process said when
-    monkeypatch.setattr(_rejoin, "own_process", lambda: 0)
+    monkeypatch.setattr(_rejoin, "own_process_id", lambda: 0)
     assert TwoSlicesOfTwoProcesses(client).lost_slices_return([1], within_s=60)
     assert events == [("survivor waits for", f"{KEY_PREFIX}left/3/1"),
                       ("partner noted", [f"{KEY_PREFIX}left/3/1", f"{KEY_PREFIX}returns/3"])]

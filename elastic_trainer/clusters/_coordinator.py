@@ -17,11 +17,9 @@ import os
 from collections.abc import Iterator
 
 import jax
-from jax._src import distributed
-from jax._src.clusters import ClusterEnv
-from jax._src.lib import _jax
 
 from .._failures import ConfigError
+from .._private_apis import detect_cluster, join_as_client_only, start_coordination_service
 
 COORDINATOR_ENV = "JAX_COORDINATOR_ADDRESS"
 """Where the coordination service listens (``host:port``), as ``jax.distributed.initialize`` reads it."""
@@ -55,10 +53,8 @@ def serve(address: str, *, num_processes: int, heartbeat_timeout_s: int) -> Iter
     that dies is declared dead after ``heartbeat_timeout_s`` and the others
     go on.
     """
-    service = _jax.get_distributed_runtime_service(
-        address, num_processes, heartbeat_timeout=heartbeat_timeout_s, shutdown_timeout=SHUTDOWN_TIMEOUT_S,
-        recoverable=True,
-    )
+    service = start_coordination_service(address, num_processes=num_processes, heartbeat_timeout_s=heartbeat_timeout_s,
+                                         shutdown_timeout_s=SHUTDOWN_TIMEOUT_S)
     try:
         yield
     finally:
@@ -88,13 +84,11 @@ def join_as_client(
     The address comes from :data:`COORDINATOR_ENV`, or, under a scheduler
     JAX detects (Slurm, Kubernetes, Cloud TPU), from its first host and
     ``JAX_COORDINATOR_PORT``; ``None`` for the process count or id takes
-    the scheduler's. JAX keeps its distributed state private
-    (``jax._src.distributed.global_state``), so it is set here as
-    ``initialize`` sets it, for the backends, Orbax and ``live_devices``
-    to find the client.
+    the scheduler's. JAX keeps its distributed state private, so it is set
+    as ``initialize`` sets it (:func:`~elastic_trainer._private_apis.join_as_client_only`).
     """
-    address, num_processes, process_id, device_ids = ClusterEnv.auto_detect_unset_distributed_params(
-        os.environ.get(COORDINATOR_ENV), num_processes, process_id, None, None, initialization_timeout_s)
+    address, num_processes, process_id, device_ids = detect_cluster(
+        os.environ.get(COORDINATOR_ENV), num_processes, process_id, initialization_timeout_s)
     if address is None or num_processes is None or process_id is None:
         raise ConfigError(
             "cluster.coordinator=separate needs the address of the job's coordinator: set "
@@ -103,12 +97,5 @@ def join_as_client(
         )
     if device_ids:
         jax.config.update("jax_cuda_visible_devices", ",".join(str(d) for d in device_ids))
-    client = _jax.get_distributed_runtime_client(
-        address, process_id, init_timeout=initialization_timeout_s, use_compression=True,
-        heartbeat_timeout=heartbeat_timeout_s,
-    )
-    client.connect()
-    state = distributed.global_state
-    state.coordinator_address, state.process_id, state.num_processes, state.client = (
-        address, process_id, num_processes, client)
-    state.initialize_preemption_sync_manager()
+    join_as_client_only(address, num_processes=num_processes, process_id=process_id,
+                        heartbeat_timeout_s=heartbeat_timeout_s, initialization_timeout_s=initialization_timeout_s)

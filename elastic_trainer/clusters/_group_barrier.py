@@ -9,29 +9,8 @@ import time
 from collections.abc import Collection
 
 import jax
-from orbax.checkpoint._src.multihost import multihost as orbax_multihost
 
-
-def coordination_client():
-    """The client of JAX's coordination service, or ``None`` before ``jax.distributed.initialize``.
-
-    JAX keeps it private (``jax._src.distributed``); Orbax reads it the same
-    way (``orbax.checkpoint._src.multihost``), and no public accessor exists.
-    """
-    return jax._src.distributed.global_state.client
-
-
-def bound_orbax_barriers(timeout_s: int) -> None:
-    """Make every barrier Orbax waits at without a timeout of its own give up after ``timeout_s``.
-
-    With ``jax_enable_recoverability`` a process that dies does not fail a
-    barrier of the coordination service: the others wait it out, and Orbax's
-    wait is 300 s. Orbax takes that wait from one module constant
-    (``multihost._DEFAULT_BARRIER_TIMEOUT``, read by ``sync_global_processes``
-    and ``coordination_timeout()``: orbax-checkpoint 0.12.8) and offers no
-    option for it, so it is set here, once per process, before any save.
-    """
-    orbax_multihost._DEFAULT_BARRIER_TIMEOUT = timeout_s
+from .._private_apis import coordination_client
 
 
 class SaveGivenUp(RuntimeError):

@@ -13,14 +13,13 @@ from collections.abc import Sequence
 
 import jax
 import psutil
-from jax._src import xla_bridge
 from jax.experimental.multihost_utils import ProcessFailureError, live_devices
 from jaxtyping import PyTree
 
 from ._base import AbstractInjectableCluster
 from .._failures import ConfigError, SliceLostError, StepTimeoutError
+from .._private_apis import backends_started, bound_orbax_barriers, coordination_client
 from ._coordinator import DEFAULT_HEARTBEAT_TIMEOUT_S, KEY_PREFIX, join_job, noted
-from ._group_barrier import bound_orbax_barriers, coordination_client
 from ._process_injection import ProcessFailureInjection, say_down
 from ._rejoin import ProcessRejoin, note_lost
 from ._step_times import OwnStepTimes, TimeoutCheck
@@ -190,7 +189,7 @@ class MultiprocessCluster(ProcessRejoin, ProcessFailureInjection, AbstractInject
         """Join the job: configure JAX's CPU collectives and recoverability, then ``jax.distributed.initialize``."""
         if jax.distributed.is_initialized():
             return
-        if xla_bridge.backends_are_initialized():  # too late to configure collectives and device counts
+        if backends_started():  # too late to configure collectives and device counts
             raise ConfigError(
                 "cluster=multiprocess must configure JAX before any JAX operation runs in this process; "
                 "start it with python -m elastic_trainer, or build the cluster first."

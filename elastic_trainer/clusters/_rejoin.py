@@ -22,13 +22,14 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import jax
+import jax.extend.backend
 import jax.numpy as jnp
 import numpy as np
-from jax.experimental.multihost_utils import live_devices
 from jax.sharding import NamedSharding
 from jaxtyping import PyTree
 
 from .._mesh import SLICE_AXIS
+from .._private_apis import forget_live_devices, own_process_id
 from ._coordinator import KEY_PREFIX, noted
 
 RETURNS_DIR_ENV = "ELASTIC_TRAINER_RETURNS_DIR"
@@ -99,15 +100,15 @@ def restart_backends(client, admission: Admission, *, timeout_s: float,
     except jax.errors.JaxRuntimeError:  # timed out for every process that came: none has changed anything
         return False
     before_restart()
-    if own_process() == min(processes):  # a replacement has no backend yet: it must not start one here
+    if own_process_id() == min(processes):  # a replacement has no backend yet: it must not start one here
         client.key_value_delete(STALE_KEYS[0])
         for key, _ in client.key_value_dir_get_bytes(STALE_KEYS[1]):
             client.key_value_delete(key)
     client.wait_at_barrier(f"{barrier}/clean", int(timeout_s * 1000), process_ids=processes)
     jax.clear_caches()
-    jax._src.api.clear_backends()  # noqa: SLF001 - no public way to drop a backend (docs/multiprocess.md, "Rejoin")
+    jax.extend.backend.clear_backends()
     jax.devices()  # the new backend, started together
-    live_devices.devices = None  # what live_devices last saw are the old backend's devices
+    forget_live_devices()  # what live_devices last saw are the old backend's devices
     return True
 
 
@@ -117,11 +118,6 @@ _joined: Admission | None = None  # this process's admission, if it replaced a l
 def this_process_joined() -> Admission | None:
     """How the running job took this process in, when it replaced a lost one; ``None`` otherwise."""
     return _joined
-
-
-def own_process() -> int:
-    """This process's id in the job, known once it joined, without starting a backend (``jax.process_index`` would)."""
-    return jax._src.distributed.global_state.process_id  # noqa: SLF001 - JAX keeps it private
 
 
 def wait_to_be_admitted(client, key: str, *, timeout_s: float) -> Admission | str:
@@ -146,8 +142,8 @@ def note_return(client, down_for_s: float, *, back_at: float | None = None) -> N
     directory = os.environ.get(RETURNS_DIR_ENV)
     if directory is not None:
         back_at = repr(time.time() + down_for_s if back_at is None else back_at)
-        Path(directory, f"process{own_process()}.returns_at").write_text(back_at)
-        client.key_value_set(f"{KEY_PREFIX}returns/{own_process()}", back_at, allow_overwrite=True)
+        Path(directory, f"process{own_process_id()}.returns_at").write_text(back_at)
+        client.key_value_set(f"{KEY_PREFIX}returns/{own_process_id()}", back_at, allow_overwrite=True)
 
 
 def note_lost(processes: Sequence[int]) -> None:
@@ -235,7 +231,7 @@ class ProcessRejoin:
 
         Called before this process starts its backend, which it starts together with theirs.
         """
-        client, process, me = self._client(), own_process(), str(os.getpid())
+        client, process, me = self._client(), own_process_id(), str(os.getpid())
         if noted(client, f"pid/{process}") is None:
             return False
         client.key_value_set(f"{KEY_PREFIX}join/{process}", me, allow_overwrite=True)
@@ -256,7 +252,7 @@ class ProcessRejoin:
     def _offer_returns(self) -> None:
         """Before the processes agree on who lives: the lowest live one notes which replacements asked to join."""
         self._agreements += 1
-        if own_process() != min(self._live):
+        if own_process_id() != min(self._live):
             return
         asking = [int(key.rsplit("/", 1)[1]) for key, _ in self._client().key_value_dir_get(f"{KEY_PREFIX}join")]
         asking = sorted(p for p in asking if p not in self._live)
@@ -302,7 +298,7 @@ class ProcessRejoin:
         due = [noted(self._client(), f"returns/{p}") for p in dead]
         if None not in due:
             note_return(self._client(), 0, back_at=max(map(float, due), default=time.time()))
-        self._client().key_value_set(f"{KEY_PREFIX}{_left_key(own_process(), self._failures[slice_index])}", "1",
+        self._client().key_value_set(f"{KEY_PREFIX}{_left_key(own_process_id(), self._failures[slice_index])}", "1",
                                      allow_overwrite=True)
 
     def await_returns(self) -> None:
@@ -334,7 +330,7 @@ class ProcessRejoin:
             agreements=self._agreements, incarnations=tuple(self._failures), checkpoint_group=checkpoint_group,
         )
         client = self._client()
-        if own_process() == min(self._live):
+        if own_process_id() == min(self._live):
             for process in joining:
                 replacement = noted(client, f"join/{process}")
                 client.key_value_delete(f"{KEY_PREFIX}join/{process}")
@@ -354,10 +350,10 @@ class ProcessRejoin:
         launcher they come back at once as replacements, taken in when the strategy wants the slices again
         (``scale_down``: after ``strategy.drop_for_steps``)."""
         leaving = {p for s in slices for p in self.processes_of(s)} & self._live
-        if own_process() in leaving:
+        if own_process_id() in leaving:
             self._leave_with_lost_slice(f"slice(s) {sorted(slices)} were dropped by the strategy")
         self._live -= leaving
-        if own_process() == min(self._live):
+        if own_process_id() == min(self._live):
             note_lost(sorted(leaving))  # their replacements may start
         for s in slices:
             self._failures[s] += 1
