@@ -13,6 +13,7 @@ import pluggy
 
 from . import hookspecs
 from ._failures import ConfigError, PluginError, TrainingStopped
+from ._protocols import Strategy
 
 ENTRY_POINT_GROUP = hookspecs.PROJECT_NAME
 DISABLE_AUTOLOAD_ENV = "ELASTIC_TRAINER_DISABLE_PLUGIN_AUTOLOAD"
@@ -157,7 +158,7 @@ def _load_entry_points(manager: pluggy.PluginManager) -> None:
 
 OBSERVER_HOOKS = (
     "et_run_start", "et_step_start", "et_step_end", "et_before_checkpoint_save", "et_after_checkpoint_save",
-    "et_before_restore", "et_after_restore", "et_run_end",
+    "et_before_restore", "et_after_restore", "et_recovery_start", "et_run_end",
 )
 """Hooks whose results are ignored: plugins only watch through them."""
 
@@ -200,7 +201,7 @@ class GuardedHooks:
 def strategy_name(strategy: object) -> str:
     """A strategy's name for the report: its ``name`` attribute (:class:`~elastic_trainer.hookspecs.Strategy`), else
     its class name."""
-    return getattr(strategy, "name", type(strategy).__name__)
+    return strategy.name if isinstance(strategy, Strategy) else type(strategy).__name__
 
 
 def registers_hooks(obj: object) -> bool:

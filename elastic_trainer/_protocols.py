@@ -50,6 +50,7 @@ class TrainerView(RunView, Protocol):
         """The slices found slower than the others (``trainer.straggler_factor``), not recovered since."""
 
 
+@runtime_checkable
 class Strategy(Protocol):
     """A strategy: a plugin implementing ``et_choose_recovery``, named in the report by ``name``."""
 

@@ -117,7 +117,9 @@ def classify(
 
 
 def choose_plan(ctx: RunContext, failure: Failure) -> RecoveryPlan | None:
-    """The strategy's plan for an elastic ``failure`` (``et_choose_recovery``), or ``None`` when none answers."""
+    """The strategy's plan for an elastic ``failure`` (``et_choose_recovery``, after ``et_recovery_start``), or
+    ``None`` when none answers."""
+    ctx.hooks.et_recovery_start(trainer=ctx.view, failure=failure)
     plan = ctx.hooks.et_choose_recovery(trainer=ctx.view, failure=failure)
     if plan is not None and not isinstance(plan, RecoveryPlan):
         raise PluginError(

@@ -15,7 +15,7 @@ fire in this order::
         et_before_checkpoint_save, et_after_checkpoint_save    (on a step that is saved)
         et_slice_health -> et_propose_resize -> (on a resize) et_make_mesh
         when the step raises:
-            et_classify_failure -> et_slice_health -> et_choose_recovery
+            et_classify_failure -> et_slice_health -> et_recovery_start -> et_choose_recovery
             -> et_slice_health (while waiting) -> et_make_mesh
             -> et_before_restore -> et_after_restore
     et_run_end
@@ -173,6 +173,18 @@ def et_likely_layouts(trainer: TrainerView) -> list[list[int]]:
     background thread (with the full global batch), so that a recovery onto
     one of them does not wait for a compile; compiles queued for an earlier
     layout that have not started are dropped. All plugins' answers are used.
+    """
+
+
+@hookspec
+def et_recovery_start(trainer: RunView, failure: Failure) -> None:
+    """Called when an elastic failure enters recovery, before the strategy chooses what to do about it.
+
+    :param trainer: the running trainer.
+    :param failure: the classified failure.
+
+    Observers only: failure injection strikes here for its ``recovery``
+    phase (a second failure while the first is recovered from).
     """
 
 

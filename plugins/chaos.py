@@ -117,7 +117,7 @@ class Chaos:
         self._random_steps: set[int] = set()  # steps a random failure struck (a retried step is spared)
 
     @et.hookimpl
-    def et_run_start(self, trainer: et.Trainer) -> None:
+    def et_run_start(self, trainer: et.TrainerView) -> None:
         """Check that the cluster can lose slices and has the ones scheduled, at steps the run reaches."""
         if not isinstance(trainer.cluster, et.AbstractInjectableCluster):
             raise et.ConfigError(
@@ -142,7 +142,7 @@ class Chaos:
                                      "schedule it earlier or raise trainer.steps.")
 
     @et.hookimpl
-    def et_step_start(self, trainer: et.Trainer, step: int) -> None:
+    def et_step_start(self, trainer: et.RunView, step: int) -> None:
         """Lose the slices scheduled for this step, and in random or periodic mode maybe one more."""
         self._strike(trainer, step, "train_step")
         if step in self._random_steps:
@@ -158,27 +158,27 @@ class Chaos:
                 self._strike_random_slice(trainer, step, rng)
 
     @et.hookimpl
-    def et_before_update(self, trainer: et.Trainer, step: int) -> None:
+    def et_before_update(self, trainer: et.RunView, step: int) -> None:
         """Lose the slices scheduled to fail while the step after ``step`` runs, before its update."""
         self._strike(trainer, step, "update")
 
     @et.hookimpl
-    def et_before_checkpoint_save(self, trainer: et.Trainer, step: int) -> None:
+    def et_before_checkpoint_save(self, trainer: et.TrainerView, step: int) -> None:
         """Lose the slices scheduled to fail while step ``step`` is saved."""
         self._strike(trainer, step, "checkpoint_save")
 
     @et.hookimpl
-    def et_before_restore(self, trainer: et.Trainer, step: int, source: str) -> None:
+    def et_before_restore(self, trainer: et.TrainerView, step: int, source: str) -> None:
         """Lose the slices scheduled to fail while the checkpoint of step ``step`` is restored."""
         if source == "checkpoint":
             self._strike(trainer, step, "checkpoint_restore")
 
-    @et.hookimpl(tryfirst=True)
-    def et_choose_recovery(self, trainer: et.Trainer, failure: et.Failure) -> None:
-        """Lose the slices scheduled to fail while recovering from this failure; the strategy still decides."""
+    @et.hookimpl
+    def et_recovery_start(self, trainer: et.RunView, failure: et.Failure) -> None:
+        """Lose the slices scheduled to fail while recovering from this failure."""
         self._strike(trainer, failure.step, "recovery")
 
-    def _strike(self, trainer: et.Trainer, step: int, phase: str) -> None:
+    def _strike(self, trainer: et.RunView, step: int, phase: str) -> None:
         for index, failure in enumerate(self.failures):
             if index not in self._fired and failure.at_step == step and failure.phase == phase:
                 self._fired.add(index)
@@ -192,7 +192,7 @@ class Chaos:
                 lose = trainer.cluster.hang_slice if failure.hang else trainer.cluster.fail_slice
                 lose(failure.slice, down_for_s=failure.down_for_s)
 
-    def _strike_random_slice(self, trainer: et.Trainer, step: int, rng: np.random.Generator) -> None:
+    def _strike_random_slice(self, trainer: et.RunView, step: int, rng: np.random.Generator) -> None:
         if step not in self._random_steps:
             self._random_steps.add(step)
             self._remember(trainer)
@@ -200,7 +200,7 @@ class Chaos:
             if candidates:
                 trainer.cluster.fail_slice(int(rng.choice(candidates)), down_for_s=self.random_down_for_s)
 
-    def _remember(self, trainer: et.Trainer) -> None:
+    def _remember(self, trainer: et.RunView) -> None:
         """Write down what struck, so that a restarted worker does not strike again."""
         if trainer.run_dir is not None:
             trainer.run_dir.mkdir(parents=True, exist_ok=True)

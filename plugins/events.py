@@ -43,7 +43,7 @@ class EventLog:
         self._began["step"] = time.time()
 
     @et.hookimpl
-    def et_step_end(self, trainer: et.Trainer, step: int) -> None:
+    def et_step_end(self, trainer: et.RunView, step: int) -> None:
         """Record the step's span and the slices it ran on."""
         self._span("step", step=step, slices=list(trainer.slices))
 
@@ -68,7 +68,7 @@ class EventLog:
         self._span("restore", step=step, source=source)
 
     @et.hookimpl
-    def et_run_end(self, trainer: et.Trainer, report: dict) -> None:
+    def et_run_end(self, trainer: et.TrainerView, report: dict) -> None:
         """Add the report's failures, recoveries, resizes and failed checkpoint saves; write ``events.jsonl``
         to the run directory."""
         self.events += et.report_events(report)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import elastic_trainer as et
 
 
-class FullRestart:
+class FullRestart(et.AbstractStrategy):
     """End the worker on a lost slice; the supervisor starts a fresh one that restores the last checkpoint.
 
     :param max_restarts: stop after this many restarts.
@@ -20,6 +20,6 @@ class FullRestart:
         self.max_restarts = max_restarts
 
     @et.hookimpl
-    def et_choose_recovery(self) -> et.RecoveryPlan:
+    def et_choose_recovery(self, trainer: et.RunView, failure: et.Failure) -> et.RecoveryPlan:
         """Always restart the whole worker process."""
         return et.RecoveryPlan(action="full_restart", restart_process=True)

@@ -6,6 +6,6 @@ import elastic_trainer as et
 
 
 @et.hookimpl(trylast=True)
-def et_slice_health(trainer: et.Trainer) -> list[int]:
+def et_slice_health(trainer: et.RunView) -> list[int]:
     """The slices the cluster reports up."""
     return trainer.cluster.healthy_slices()

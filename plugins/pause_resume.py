@@ -5,7 +5,7 @@ from __future__ import annotations
 import elastic_trainer as et
 
 
-class PauseResume:
+class PauseResume(et.AbstractStrategy):
     """Pause until every slice is healthy again, then resume on the full mesh.
 
     :param timeout_s: how long to wait for the slices (MaxText's
@@ -28,7 +28,7 @@ class PauseResume:
         self.retries = et.RetryBudget(self.name, max_retries, retry_reset_steps)
 
     @et.hookimpl
-    def et_choose_recovery(self, trainer: et.Trainer, failure: et.Failure) -> et.RecoveryPlan:
+    def et_choose_recovery(self, trainer: et.RunView, failure: et.Failure) -> et.RecoveryPlan:
         """Wait up to ``timeout_s`` for every slice, and need all of them back."""
         self.retries.spend(failure.step)
         return et.RecoveryPlan(

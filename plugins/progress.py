@@ -25,7 +25,7 @@ class ProgressPlugin:
         self._progress: Progress | None = None
 
     @et.hookimpl
-    def et_run_start(self, trainer: et.Trainer) -> None:
+    def et_run_start(self, trainer: et.TrainerView) -> None:
         """Open the bar (or plan the lines) for ``trainer.steps`` steps."""
         self._total = trainer.steps
         self._batch = trainer.global_batch_size

@@ -11,7 +11,7 @@ SAMPLES_FILE = "samples.npz"
 
 
 @et.hookimpl
-def et_run_end(trainer: et.Trainer, report: dict) -> None:
+def et_run_end(trainer: et.TrainerView, report: dict) -> None:
     """Write the report and the sample ledger (when the trainer has a run directory); print the summary."""
     written = None
     if trainer.run_dir is not None:

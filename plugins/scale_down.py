@@ -10,7 +10,7 @@ BATCH_POLICIES = ("keep_global", "keep_per_device")
 LR_SCALINGS = ("linear", "sqrt", "none")
 
 
-class ScaleDown:
+class ScaleDown(et.AbstractStrategy):
     """Continue on the live slices as soon as a slice is lost.
 
     :param min_slice_count: the fewest slices to train on (MaxText's
@@ -84,7 +84,7 @@ class ScaleDown:
         self._drops: dict[int, int] = {}  # slice -> how often it was dropped
 
     @et.hookimpl
-    def et_run_start(self, trainer: et.Trainer) -> None:
+    def et_run_start(self, trainer: et.TrainerView, state: et.TrainState) -> None:
         """Check that the cluster has enough slices to ever satisfy ``min_slice_count``, and, under
         ``keep_global``, that the global batch divides over every device count the run may scale down to."""
         slices = trainer.cluster.slice_devices()
@@ -97,7 +97,7 @@ class ScaleDown:
                                 slice_counts=range(self.min_slice_count, len(slices) + 1))
 
     @et.hookimpl
-    def et_choose_recovery(self, failure: et.Failure) -> et.RecoveryPlan:
+    def et_choose_recovery(self, trainer: et.RunView, failure: et.Failure) -> et.RecoveryPlan:
         """Continue now on whatever is healthy; with fewer than ``min_slice_count`` slices healthy,
         wait up to ``timeout_s`` for that many first."""
         self.retries.spend(failure.step)
@@ -110,7 +110,7 @@ class ScaleDown:
         )
 
     @et.hookimpl
-    def et_likely_layouts(self, trainer: et.Trainer) -> list[list[int]]:
+    def et_likely_layouts(self, trainer: et.TrainerView) -> list[list[int]]:
         """Every layout with one slice fewer: where the next failure will take the run."""
         if not self.compile_ahead or len(trainer.slices) <= self.min_slice_count:
             return []
@@ -122,7 +122,7 @@ class ScaleDown:
         self._step = step
 
     @et.hookimpl
-    def et_propose_resize(self, trainer: et.Trainer, healthy_slices: list[int]) -> list[int] | None:
+    def et_propose_resize(self, trainer: et.TrainerView, healthy_slices: list[int]) -> list[int] | None:
         """Drop the stragglers in use (``drop_stragglers``); else take back every healthy slice when more are
         healthy than in use, less the dropped stragglers whose time out is not over."""
         stragglers = self._stragglers_to_drop(trainer)
@@ -136,12 +136,12 @@ class ScaleDown:
             return back
         return None
 
-    def _stragglers_to_drop(self, trainer: et.Trainer) -> list[int]:
+    def _stragglers_to_drop(self, trainer: et.TrainerView) -> list[int]:
         """The stragglers in use to drop now: none unless ``drop_stragglers``, never one whose loss would end the
         job (``cluster.spared_slices``), and none if fewer than ``min_slice_count`` slices would be left."""
         if not self.drop_stragglers:
             return []
-        spared = getattr(trainer.cluster, "spared_slices", ())
+        spared = trainer.cluster.spared_slices if isinstance(trainer.cluster, et.AbstractInjectableCluster) else ()
         drop = sorted(s for s in trainer.stragglers if s in trainer.slices and s not in spared)
         return drop if len(trainer.slices) - len(drop) >= self.min_slice_count else []
 

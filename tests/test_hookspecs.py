@@ -57,6 +57,10 @@ class Recorder:
         self._record("et_classify_failure", error=error, step=step, phase=phase)
 
     @et.hookimpl
+    def et_recovery_start(self, trainer, failure):
+        self._record("et_recovery_start", trainer=trainer, failure=failure)
+
+    @et.hookimpl
     def et_choose_recovery(self, trainer, failure):
         self._record("et_choose_recovery", trainer=trainer, failure=failure)
 
@@ -141,7 +145,8 @@ def test_failure_without_strategy_calls_failure_hooks_then_stops(tiny_trainer_kw
         trainer.fit()
     names = [name for name, _ in calls]
     assert names == START + STEP + BOUNDARY + STEP + BOUNDARY + [
-        "et_step_start", "et_classify_failure", "et_slice_health", "et_choose_recovery", "et_run_end",
+        "et_step_start", "et_classify_failure", "et_slice_health", "et_recovery_start", "et_choose_recovery",
+        "et_run_end",
     ]
     report = stopped.value.report
     assert report["steps_completed"] == 2

@@ -10,7 +10,7 @@ import elastic_trainer as et
 logger = logging.getLogger(__name__)
 
 
-class Quorum:
+class Quorum(et.AbstractStrategy):
     """Go on with the healthy slices while at least ``quorum`` of the cluster's slices live.
 
     Unlike ``scale_down`` with a fixed ``min_slice_count``, the floor follows

@@ -1,0 +1,44 @@
+"""The base of a strategy plugin: the hook it must implement and the optional ones, with their defaults."""
+
+from __future__ import annotations
+
+import abc
+from typing import TYPE_CHECKING, ClassVar
+
+if TYPE_CHECKING:
+    from ._failures import Failure, RecoveryPlan
+    from ._protocols import RunView, TrainerView
+    from ._state import TrainState
+
+
+class AbstractStrategy(abc.ABC):
+    """A strategy plugin: it decides how the run recovers from each failure (:meth:`et_choose_recovery`).
+
+    A subclass marks the hooks it implements with ``et.hookimpl``, as any
+    plugin does, and takes every argument of each (the hooks' full
+    signatures, as below). The optional hooks here do nothing and are not
+    registered unless a subclass overrides them, so a strategy that composes
+    others (``fallback``) calls each member's hooks directly, without asking
+    which it has.
+    """
+
+    name: ClassVar[str]
+    """The report's ``strategy``."""
+
+    @abc.abstractmethod
+    def et_choose_recovery(self, trainer: RunView, failure: Failure) -> RecoveryPlan:
+        """How to recover from ``failure`` (:func:`~elastic_trainer.hookspecs.et_choose_recovery`)."""
+
+    def et_run_start(self, trainer: TrainerView, state: TrainState) -> None:
+        """Check the run before its first step (:func:`~elastic_trainer.hookspecs.et_run_start`); by default,
+        nothing to check."""
+
+    def et_likely_layouts(self, trainer: TrainerView) -> list[list[int]]:
+        """The layouts worth compiling ahead (:func:`~elastic_trainer.hookspecs.et_likely_layouts`); by
+        default none."""
+        return []
+
+    def et_propose_resize(self, trainer: TrainerView, healthy_slices: list[int]) -> list[int] | None:
+        """The slices to move to at this step boundary (:func:`~elastic_trainer.hookspecs.et_propose_resize`);
+        by default no resize."""
+        return None
