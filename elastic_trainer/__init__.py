@@ -8,6 +8,7 @@ from ._checkpoint import Checkpointer as Checkpointer
 from .clusters import (
     AbstractCluster as AbstractCluster,
     AbstractInjectableCluster as AbstractInjectableCluster,
+    AbstractProcessInjectableCluster as AbstractProcessInjectableCluster,
     MultiprocessCluster as MultiprocessCluster,
     PathwaysCluster as PathwaysCluster,
     SimulatedCluster as SimulatedCluster,

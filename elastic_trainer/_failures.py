@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from typing import ClassVar
 
 import jax
@@ -29,11 +30,19 @@ class Failure:
 
 
 class SliceLostError(jax.errors.JaxRuntimeError):
-    """A ``DATA_LOSS`` error, as Pathways raises it when slices die; ``slices`` names them."""
+    """A ``DATA_LOSS`` error, as Pathways raises it when slices die.
 
-    def __init__(self, message: str, *, slices: tuple[int, ...] | list[int]):
+    :param slices: the slices lost.
+    :param processes: on a multi-process cluster, the processes that went with them (dead or leaving).
+    :param occurred_at: when the first of them died (``time.time()``), when known; else when it was found.
+    """
+
+    def __init__(self, message: str, *, slices: Sequence[int], processes: Sequence[int] | None = None,
+                 occurred_at: float | None = None):
         super().__init__(message)
         self.slices = tuple(slices)
+        self.processes = None if processes is None else tuple(processes)
+        self.occurred_at = occurred_at
 
 
 class StepTimeoutError(SliceLostError):

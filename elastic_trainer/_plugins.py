@@ -204,9 +204,10 @@ def strategy_name(strategy: object) -> str:
     return strategy.name if isinstance(strategy, Strategy) else type(strategy).__name__
 
 
-def registers_hooks(obj: object) -> bool:
-    """Whether ``obj`` has hook implementations (methods marked with ``et.hookimpl``)."""
-    return any(hasattr(getattr(type(obj), name, None), f"{hookspecs.PROJECT_NAME}_impl") for name in dir(type(obj)))
+def registers_hooks(manager: pluggy.PluginManager, obj: object) -> bool:
+    """Whether ``obj`` has hook implementations (methods marked with ``et.hookimpl``), by ``manager``'s rule; read
+    from its class, so that no property of ``obj`` is evaluated."""
+    return any(manager.parse_hookimpl_opts(type(obj), name) is not None for name in dir(type(obj)))
 
 
 def _raiser(caller: pluggy.HookCaller, error: Exception) -> str:

@@ -24,7 +24,9 @@ import pluggy
 from jaxtyping import PyTree
 
 from .clusters import AbstractCluster
-from ._failures import ConfigError, Failure, PluginError, RecoveryPlan, RestartRequested, TrainingStopped
+from ._failures import (
+    ConfigError, Failure, PluginError, RecoveryPlan, RestartRequested, SliceLostError, TrainingStopped,
+)
 from ._goodput import GoodputClock
 from ._layouts import Layouts
 from ._mesh import keep_slices
@@ -104,14 +106,15 @@ def classify(
 
     Returns the failure (its ``slices`` those lost) and its index in ``ctx.failures``.
     """
-    failed_at = getattr(error, "occurred_at", None) or time.time()  # a process death is stamped when it died
+    lost_error = error if isinstance(error, SliceLostError) else None
+    failed_at = (lost_error and lost_error.occurred_at) or time.time()  # a process death is stamped when it died
     with ctx.clock.measure("detection"):
         failure: Failure = ctx.hooks.et_classify_failure(error=error, step=step, phase=phase)
         lost = lost_slices(ctx, slices, failure.slices, since)
     record = FailureRecord(
         step=step, phase=failure.phase, slices=lost, kind=failure.kind, slices_before=len(slices),
         failed_at=failed_at, detection_s=time.time() - failed_at,
-        processes=getattr(error, "processes", None),  # on cluster=multiprocess, the processes that went with them
+        processes=lost_error and lost_error.processes,  # on cluster=multiprocess, the processes that went with them
     )
     return dataclasses.replace(failure, slices=lost), ctx.failures.add(record)
 

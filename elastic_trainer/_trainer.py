@@ -17,7 +17,6 @@ from typing import Any, NamedTuple
 
 import equinox as eqx
 import jax
-import numpy as np
 import optax
 import pluggy
 from jax.sharding import Mesh
@@ -27,25 +26,24 @@ from ._checkpoint import Checkpointer
 from .clusters import AbstractCluster, SimulatedCluster
 from ._data import AbstractDataset
 from ._failures import ConfigError, PluginError, RestartRequested, StepInterrupted, TrainingStopped
-from ._goodput import GoodputClock
-from ._layouts import Layouts
 from ._ledger import SampleLedger
 from ._mesh import WithinSlice, put_on
 from ._plugins import GuardedHooks, make_plugin_manager, registers_hooks, strategy_name
 from ._preemption import Preempted, PreemptionWatch, stop_signals
-from ._records import FailureLog, LoopState, StepHistory
+from ._records import FailureLog, LoopState
 from ._report import run_report
 from ._recovery import TrainingContext, finish_recovery, survive
-from ._run_checkpoints import NoReadableCheckpoint, RunCheckpoints, refuse_to_overwrite
+from ._run_checkpoints import NoReadableCheckpoint
 from ._run_lock import hold_run_locks
 from .config._settings import check_trainer_settings
-from ._snapshots import DEFAULT_SNAPSHOT_PERIOD, HostSnapshots
-from ._stragglers import StragglerRule, StragglerWatch
-from ._state import TrainState, init_train_state
-from ._step import LossFn, check_fits, make_step_functions
-from ._step_cache import DEFAULT_MAX_LAYOUTS, StepCache
-from ._step_runner import StepResult, StepRunner
-from ._take_back import join, take_back
+from ._snapshots import DEFAULT_SNAPSHOT_PERIOD
+from ._stragglers import StragglerRule
+from ._state import TrainState
+from ._step import LossFn
+from ._step_cache import DEFAULT_MAX_LAYOUTS
+from ._step_runner import StepResult
+from ._run_start import start_run
+from ._take_back import join
 from ._watchdog import Watchdog
 
 
@@ -78,16 +76,13 @@ def _preempted(checkpointer: Checkpointer | None, step: int, signum: int) -> Pre
                      "checkpoint.resume=true.", signum=signum)
 
 
-def _run_checkpoints(trainer: Trainer, clock: GoodputClock, static: PyTree) -> RunCheckpoints | None:
-    """The run's checkpoints (``None`` without a checkpointer), with what they check a resume against."""
-    if trainer.checkpointer is None:
-        return None
-    return RunCheckpoints(
-        trainer.checkpointer, cluster=trainer.cluster, hooks=trainer.hook, view=trainer, clock=clock, static=static,
-        data_order={"seed": trainer.seed, "num_samples": trainer.data.num_samples},
-        run_metadata={"global_batch_size": trainer.global_batch_size, "cluster": trainer.cluster.describe(),
-                      "within_slice": trainer.within_slice},
-    )
+def _directory_locks(trainer: Trainer) -> contextlib.AbstractContextManager:
+    """The locks of the checkpoint directory and the run directory, taken by process 0 (with a
+    checkpointer, JAX has started: it knows which process this is)."""
+    if trainer.checkpointer is None or jax.process_index() != 0:
+        return contextlib.nullcontext()
+    directories = [(trainer.checkpointer.directory, "the checkpoint directory")]
+    return hold_run_locks(directories + ([(trainer.run_dir, "run_dir")] if trainer.run_dir else []), for_job=False)
 
 
 def _commit(trainer: Trainer, state: LoopState, done: StepResult, *, interrupted: bool) -> LoopState:
@@ -224,7 +219,7 @@ class Trainer:
         self.strategy = strategy
         if strategy is not None:
             self.plugin_manager.register(strategy, name=f"strategy:{strategy_name(strategy)}")
-        if registers_hooks(cluster):  # a cluster may steer too (cluster=pathways classifies Pathways' errors)
+        if registers_hooks(self.plugin_manager, cluster):  # a cluster may steer (pathways classifies its errors)
             self.plugin_manager.register(cluster, name=f"cluster:{cluster.kind}")
         self._hooks = GuardedHooks(self.plugin_manager)
         self._watchdog = Watchdog(step_timeout_s)
@@ -274,20 +269,12 @@ class Trainer:
         signal did (SIGTERM, Ctrl-C, ``preemption_signal``), once the last
         committed step is saved.
         """
-        with self._directory_locks(), PreemptionWatch(self.stop_signals) as preemption:
+        with _directory_locks(self), PreemptionWatch(self.stop_signals) as preemption:
             try:
                 return self._fit(preemption)
             except BaseException:
                 _let_the_save_in_flight_end(self.checkpointer)
                 raise
-
-    def _directory_locks(self) -> contextlib.AbstractContextManager:
-        """The locks of the checkpoint directory and the run directory, taken by process 0 (with a
-        checkpointer, JAX has started: it knows which process this is)."""
-        if self.checkpointer is None or jax.process_index() != 0:
-            return contextlib.nullcontext()
-        directories = [(self.checkpointer.directory, "the checkpoint directory")]
-        return hold_run_locks(directories + ([(self.run_dir, "run_dir")] if self.run_dir else []), for_job=False)
 
     def _fit(self, preemption: PreemptionWatch) -> FitResult:
         state = self._start()
@@ -314,7 +301,7 @@ class Trainer:
             stopped = stop
             if isinstance(stop, RestartRequested):  # the state goes back to the last checkpoint
                 state = dataclasses.replace(state, step=stop.resume_step, position=self.ledger.end_position())
-        return self._finish(state, stopped)
+        return _finish(self, state, stopped)
 
     def _save_before_stopping(self, step: int) -> bool:
         """Whether step ``step`` must be saved before a stop signal ends the run (it is not a committed
@@ -327,33 +314,8 @@ class Trainer:
 
     def _start(self) -> LoopState:
         """Start JAX, build the run's collaborators and the first layout; the loop's first state."""
-        clock = GoodputClock(self.started_at)
-        with clock.measure("startup"):
-            if self.checkpointer and not self.resume and not self.cluster.admission:  # a replacement goes on
-                refuse_to_overwrite(self.checkpointer)
-            self.cluster.configure_jax()
-            state = init_train_state(self.model, self.optimizer, key=jax.random.fold_in(jax.random.key(self.seed), 1))
-        self.hook.et_run_start(trainer=self, state=state)
-        with clock.measure("startup"):
-            arrays, static = eqx.partition(state, eqx.is_array)
-            sample = jax.tree.map(np.asarray, self.data.get_batch(np.zeros(1, dtype=np.int64)))
-            functions = make_step_functions(self.loss_fn, self.optimizer, static, arrays)
-            check_fits(functions, arrays, sample)
-            step_cache = StepCache(functions, arrays, sample, within_slice=self.within_slice,
-                                   max_layouts=self.max_cached_layouts, split=self.cluster.independent_processes)
-        checkpoints = _run_checkpoints(self, clock, static)
-        layouts = Layouts(cluster=self.cluster, hooks=self.hook, view=self, clock=clock, steps=step_cache,
-                          global_batch_size=self.global_batch_size, release=checkpoints and checkpoints.release,
-                          take_back=lambda state, slices, returning: take_back(self._ctx, state, slices, returning))
-        self._ctx = ctx = TrainingContext(
-            cluster=self.cluster, hooks=self.hook, plugin_manager=self.plugin_manager, view=self, clock=clock,
-            failures=self._failures, layouts=layouts, stragglers=StragglerWatch(self.straggler_rule),
-            checkpoints=checkpoints, snapshots=HostSnapshots(self.snapshot_period, jax.tree.structure(arrays)),
-            history=StepHistory(SampleLedger(self.data.num_samples, seed=self.seed, start_position=0)),
-            abstract=jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), arrays), static=static,
-            step_cache=step_cache, runner=StepRunner(self.cluster, self.data, self._watchdog, sample, hooks=self.hook,
-                                                     view=self, structure=jax.tree.structure(arrays), seed=self.seed),
-        )
+        self._ctx, arrays = start_run(self, watchdog=self._watchdog, failures=self._failures)
+        ctx, clock = self._ctx, self._ctx.clock
         incarnations, joined = self.cluster.incarnations(), self.cluster.admission  # as of the state in hand
         layout = ctx.layouts.make(joined.slices if joined else range(len(self.cluster.slice_devices())))
         with clock.measure("startup"):
@@ -418,20 +380,19 @@ class Trainer:
         ctx.history.start_at(int(arrays.data_position))
         return dataclasses.replace(state, arrays=arrays, step=step, position=int(arrays.data_position), whole=True)
 
-    # ------------------------------------------------------------------ the end
 
-    def _finish(self, state: LoopState, stopped: TrainingStopped | None) -> FitResult:
-        """Wait for the last save, write the report (``et_run_end``); the result, or ``stopped`` raised."""
-        ctx = self._ctx
-        if ctx.checkpoints is not None:
-            with ctx.clock.measure("checkpoint_save"):
-                stopped = ctx.checkpoints.finish_saving(stopped)
-        ctx.clock.stop()
-        ctx.step_cache.close()
-        report = run_report(self, ctx, state)
-        report["stopped"] = None if stopped is None else str(stopped)
-        self.hook.et_run_end(trainer=self, report=report)
-        if stopped is not None:
-            stopped.report = report
-            raise stopped
-        return FitResult(eqx.combine(state.arrays, ctx.static), report)
+def _finish(trainer: Trainer, state: LoopState, stopped: TrainingStopped | None) -> FitResult:
+    """Wait for the last save, write the report (``et_run_end``); the result, or ``stopped`` raised."""
+    ctx = trainer._ctx
+    if ctx.checkpoints is not None:
+        with ctx.clock.measure("checkpoint_save"):
+            stopped = ctx.checkpoints.finish_saving(stopped)
+    ctx.clock.stop()
+    ctx.step_cache.close()
+    report = run_report(trainer, ctx, state)
+    report["stopped"] = None if stopped is None else str(stopped)
+    trainer.hook.et_run_end(trainer=trainer, report=report)
+    if stopped is not None:
+        stopped.report = report
+        raise stopped
+    return FitResult(eqx.combine(state.arrays, ctx.static), report)

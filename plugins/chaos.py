@@ -132,7 +132,7 @@ class Chaos:
             if failure.slice >= slices:
                 raise et.ConfigError(f"chaos failure at step {failure.at_step} names slice {failure.slice}, "
                                      f"but the cluster has slices 0 to {slices - 1}.")
-            if failure.process is not None and not hasattr(trainer.cluster, "fail_process"):
+            if failure.process is not None and not isinstance(trainer.cluster, et.AbstractProcessInjectableCluster):
                 raise et.ConfigError(f"chaos failure at step {failure.at_step} names process {failure.process} "
                                      f"of its slice, but only cluster=multiprocess has processes; leave it unset.")
             last = trainer.steps if failure.phase.startswith("checkpoint") else trainer.steps - 1  # step N is saved

@@ -17,5 +17,6 @@ def et_classify_failure(error: BaseException, step: int, phase: str) -> et.Failu
         return et.Failure(error=error, step=step, phase=phase, elastic=False, kind="fatal")
     kind = "slice_hung" if code == "DEADLINE_EXCEEDED" else "slice_lost"
     return et.Failure(
-        error=error, step=step, phase=phase, elastic=True, kind=kind, slices=tuple(getattr(error, "slices", ()))
+        error=error, step=step, phase=phase, elastic=True, kind=kind,
+        slices=error.slices if isinstance(error, et.SliceLostError) else (),
     )

@@ -1,6 +1,10 @@
 """Clusters: where the devices come from, how they group into slices, and how slices are lost."""
 
-from ._base import AbstractCluster as AbstractCluster, AbstractInjectableCluster as AbstractInjectableCluster
+from ._base import (
+    AbstractCluster as AbstractCluster,
+    AbstractInjectableCluster as AbstractInjectableCluster,
+    AbstractProcessInjectableCluster as AbstractProcessInjectableCluster,
+)
 from ._multiprocess import MultiprocessCluster as MultiprocessCluster
 from ._rejoin import Admission as Admission
 from ._pathways import PathwaysCluster as PathwaysCluster

@@ -179,3 +179,13 @@ class AbstractInjectableCluster(AbstractCluster):
         """
         raise ConfigError(f"{type(self).__name__} cannot slow a slice down; drop the chaos entry's slow key, or "
                           "implement slow_slice on the cluster.")
+
+
+class AbstractProcessInjectableCluster(AbstractInjectableCluster):
+    """An injectable cluster whose slices are made of processes, each of which can be lost on its own (chaos's
+    ``process`` key)."""
+
+    @abc.abstractmethod
+    def fail_process(self, index: int, position: int, *, down_for_s: float) -> None:
+        """Kill the process at ``position`` in slice ``index``; the rest of its slice goes down with it, and the
+        whole slice may come back after ``down_for_s`` seconds."""

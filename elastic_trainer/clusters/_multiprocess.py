@@ -16,7 +16,7 @@ import psutil
 from jax.experimental.multihost_utils import ProcessFailureError, live_devices
 from jaxtyping import PyTree
 
-from ._base import AbstractInjectableCluster
+from ._base import AbstractProcessInjectableCluster
 from .._failures import ConfigError, SliceLostError, StepTimeoutError
 from .._private_apis import backends_started, bound_orbax_barriers, coordination_client
 from ._coordinator import DEFAULT_HEARTBEAT_TIMEOUT_S, KEY_PREFIX, join_job, noted
@@ -98,7 +98,7 @@ def _configure_runtime(
     bound_orbax_barriers(barrier_timeout_s)
 
 
-class MultiprocessCluster(ProcessRejoin, ProcessFailureInjection, AbstractInjectableCluster):
+class MultiprocessCluster(ProcessRejoin, ProcessFailureInjection, AbstractProcessInjectableCluster):
     """Slices made of processes of a multi-controller JAX job (``jax.distributed``).
 
     Every process runs the same training loop on its own devices; a slice is
@@ -294,11 +294,9 @@ class MultiprocessCluster(ProcessRejoin, ProcessFailureInjection, AbstractInject
                 message += f"; process(es) {leaving} of the same slice(s) leave the job"
                 if jax.process_index() in leaving:
                     self._leave_with_lost_slice(message)
-            error = SliceLostError(message, slices=lost)
-            error.processes = tuple(dead + leaving)
             down = [self._lost_at.get(p) for p in dead]
-            error.occurred_at = min(down) if down and None not in down else None
-            raise error
+            raise SliceLostError(message, slices=lost, processes=dead + leaving,
+                                 occurred_at=min(down) if down and None not in down else None)
 
     def explain_failure(
         self, error: Exception, slices: Sequence[int], *, since: tuple[int, ...], pending: PyTree

@@ -10,7 +10,7 @@ import jax
 
 from ._base import AbstractCluster
 from .._extras import import_extra
-from .._failures import ConfigError, Failure
+from .._failures import ConfigError, Failure, SliceLostError
 from ..hookspecs import hookimpl
 
 
@@ -77,7 +77,7 @@ class PathwaysCluster(AbstractCluster):
         ``NOT_FOUND`` or ``INTERNAL`` from the runtime) is elastic; anything else is left to the built-in classifier."""
         if isinstance(error, Exception) and self._elastic.is_error_due_to_slice_down(error):
             return Failure(error=error, step=step, phase=phase, elastic=True, kind="slice_lost",
-                           slices=tuple(getattr(error, "slices", ())))
+                           slices=error.slices if isinstance(error, SliceLostError) else ())
         return None
 
     def _slice_to_devices(self) -> Mapping[int, Sequence[jax.Device]]:

@@ -1,0 +1,74 @@
+"""A run's start: JAX joined, the initial train state made, and every collaborator of the loop built."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import equinox as eqx
+import jax
+import numpy as np
+from jaxtyping import PyTree
+
+from ._goodput import GoodputClock
+from ._layouts import Layouts
+from ._ledger import SampleLedger
+from ._records import FailureLog, StepHistory
+from ._recovery import TrainingContext
+from ._run_checkpoints import RunCheckpoints, refuse_to_overwrite
+from ._snapshots import HostSnapshots
+from ._state import init_train_state
+from ._step import check_fits, make_step_functions
+from ._step_cache import StepCache
+from ._step_runner import StepRunner
+from ._stragglers import StragglerWatch
+from ._take_back import take_back
+from ._watchdog import Watchdog
+
+if TYPE_CHECKING:
+    from ._trainer import Trainer
+
+
+def start_run(trainer: Trainer, *, watchdog: Watchdog, failures: FailureLog) -> tuple[TrainingContext, PyTree]:
+    """Join the job, make the initial train state (``et_run_start`` sees it), check that the model fits the data,
+    and build the run's collaborators; the run's context and the state's arrays, on no layout yet."""
+    clock = GoodputClock(trainer.started_at)
+    with clock.measure("startup"):
+        if trainer.checkpointer and not trainer.resume and not trainer.cluster.admission:  # a replacement goes on
+            refuse_to_overwrite(trainer.checkpointer)
+        trainer.cluster.configure_jax()
+        state = init_train_state(trainer.model, trainer.optimizer,
+                                 key=jax.random.fold_in(jax.random.key(trainer.seed), 1))
+    trainer.hook.et_run_start(trainer=trainer, state=state)
+    with clock.measure("startup"):
+        arrays, static = eqx.partition(state, eqx.is_array)
+        sample = jax.tree.map(np.asarray, trainer.data.get_batch(np.zeros(1, dtype=np.int64)))
+        functions = make_step_functions(trainer.loss_fn, trainer.optimizer, static, arrays)
+        check_fits(functions, arrays, sample)
+        step_cache = StepCache(functions, arrays, sample, within_slice=trainer.within_slice,
+                               max_layouts=trainer.max_cached_layouts, split=trainer.cluster.independent_processes)
+    checkpoints = _run_checkpoints(trainer, clock, static)
+    layouts = Layouts(cluster=trainer.cluster, hooks=trainer.hook, view=trainer, clock=clock, steps=step_cache,
+                      global_batch_size=trainer.global_batch_size, release=checkpoints and checkpoints.release,
+                      take_back=lambda state, slices, returning: take_back(ctx, state, slices, returning))
+    ctx = TrainingContext(
+        cluster=trainer.cluster, hooks=trainer.hook, plugin_manager=trainer.plugin_manager, view=trainer, clock=clock,
+        failures=failures, layouts=layouts, stragglers=StragglerWatch(trainer.straggler_rule),
+        checkpoints=checkpoints, snapshots=HostSnapshots(trainer.snapshot_period, jax.tree.structure(arrays)),
+        history=StepHistory(SampleLedger(trainer.data.num_samples, seed=trainer.seed, start_position=0)),
+        abstract=jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), arrays), static=static,
+        step_cache=step_cache, runner=StepRunner(trainer.cluster, trainer.data, watchdog, sample, hooks=trainer.hook,
+                                                 view=trainer, structure=jax.tree.structure(arrays), seed=trainer.seed),
+    )
+    return ctx, arrays
+
+
+def _run_checkpoints(trainer: Trainer, clock: GoodputClock, static: PyTree) -> RunCheckpoints | None:
+    """The run's checkpoints (``None`` without a checkpointer), with what they check a resume against."""
+    if trainer.checkpointer is None:
+        return None
+    return RunCheckpoints(
+        trainer.checkpointer, cluster=trainer.cluster, hooks=trainer.hook, view=trainer, clock=clock, static=static,
+        data_order={"seed": trainer.seed, "num_samples": trainer.data.num_samples},
+        run_metadata={"global_batch_size": trainer.global_batch_size, "cluster": trainer.cluster.describe(),
+                      "within_slice": trainer.within_slice},
+    )
