@@ -75,8 +75,8 @@ def checksum_ratios(overrides: list[str], rounds: int) -> tuple[float, float]:
             if with_checksums:
                 times[True].append(save_and_restore_s(checkpointer, round_ + 1, arrays))
             else:
-                with mock.patch("elastic_trainer._checkpoint.checksums", lambda arrays: {}), \
-                        mock.patch("elastic_trainer._checkpoint.verify_checksums", lambda arrays, saved: None):
+                with mock.patch("elastic_trainer.checkpoints._checkpointer.checksums", lambda arrays: {}), \
+                        mock.patch("elastic_trainer.checkpoints._checkpointer.verify_checksums", lambda arrays, saved: None):
                     times[False].append(save_and_restore_s(checkpointer, round_ + 1, arrays))
         checkpointer.close()
     save = statistics.median(w[0] / wo[0] for w, wo in zip(times[True], times[False]))

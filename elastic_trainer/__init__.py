@@ -4,7 +4,7 @@ A dead slice surfaces as a Python exception, a strategy plugin decides what to
 do, and training continues at the exact step and data position.
 """
 
-from ._checkpoint import Checkpointer as Checkpointer
+from .checkpoints._checkpointer import Checkpointer as Checkpointer
 from .clusters import (
     AbstractCluster as AbstractCluster,
     AbstractInjectableCluster as AbstractInjectableCluster,

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Protocol, runtime_checkable
 if TYPE_CHECKING:
     from jax.sharding import Mesh
 
-    from ._checkpoint import Checkpointer
+    from .checkpoints._checkpointer import Checkpointer
     from .clusters import AbstractCluster
     from ._ledger import SampleLedger
 

@@ -32,7 +32,7 @@ from ._layouts import Layouts
 from ._mesh import keep_slices
 from ._plugins import answering
 from ._records import FailureLog, FailureRecord, Layout, LoopState, PendingRecovery, StepHistory
-from ._run_checkpoints import NoReadableCheckpoint, RunCheckpoints
+from .checkpoints._run_checkpoints import NoReadableCheckpoint, RunCheckpoints
 from ._snapshots import HostSnapshots
 from ._step_cache import StepCache
 from ._stragglers import StragglerWatch

@@ -14,7 +14,7 @@ from ._layouts import Layouts
 from ._ledger import SampleLedger
 from ._records import FailureLog, StepHistory
 from ._recovery import TrainingContext
-from ._run_checkpoints import RunCheckpoints, refuse_to_overwrite
+from .checkpoints._run_checkpoints import RunCheckpoints, refuse_to_overwrite
 from ._snapshots import HostSnapshots
 from ._state import init_train_state
 from ._step import check_fits, make_step_functions

@@ -1,7 +1,7 @@
 """The trainer: a flat step loop that calls hooks and never branches on a strategy.
 
 What happens around the loop lives elsewhere: layouts in ``_layouts.py``,
-checkpoints in ``_run_checkpoints.py``, host snapshots in ``_snapshots.py``,
+checkpoints in ``checkpoints/_run_checkpoints.py``, host snapshots in ``_snapshots.py``,
 and everything after a failure in ``_recovery.py`` (docs/architecture.md).
 """
 
@@ -22,7 +22,7 @@ import pluggy
 from jax.sharding import Mesh
 from jaxtyping import PyTree
 
-from ._checkpoint import Checkpointer
+from .checkpoints._checkpointer import Checkpointer
 from .clusters import AbstractCluster, SimulatedCluster
 from ._data import AbstractDataset
 from ._failures import ConfigError, PluginError, RestartRequested, StepInterrupted, TrainingStopped
@@ -33,7 +33,7 @@ from ._preemption import Preempted, PreemptionWatch, stop_signals
 from ._records import FailureLog, LoopState
 from ._report import run_report
 from ._recovery import TrainingContext, finish_recovery, survive
-from ._run_checkpoints import NoReadableCheckpoint
+from .checkpoints._run_checkpoints import NoReadableCheckpoint
 from ._run_lock import hold_run_locks
 from .config._settings import check_trainer_settings
 from ._snapshots import DEFAULT_SNAPSHOT_PERIOD

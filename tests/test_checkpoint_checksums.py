@@ -12,7 +12,7 @@ import orbax.checkpoint as ocp
 import pytest
 
 import elastic_trainer as et
-from elastic_trainer._checksums import CHECKSUMS_KEY, MAX_COMPILED, checksums
+from elastic_trainer.checkpoints._checksums import CHECKSUMS_KEY, MAX_COMPILED, checksums
 
 ZSTD_MAGIC = b"(\xb5/\xfd"
 

@@ -1,7 +1,7 @@
 import pytest
 
 import elastic_trainer as et
-from elastic_trainer._period import YoungDalyPeriod
+from elastic_trainer.checkpoints._young_daly import YoungDalyPeriod
 
 
 def saved_steps(directory):

@@ -11,7 +11,7 @@ from hydra.errors import InstantiationException
 from hydra.utils import instantiate
 from omegaconf import DictConfig
 
-from .._checkpoint import Checkpointer
+from ..checkpoints._checkpointer import Checkpointer
 from .._failures import ConfigError
 from .._stragglers import StragglerRule
 from .._trainer import Trainer

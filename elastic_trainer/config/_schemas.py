@@ -20,7 +20,7 @@ from elastic_trainer_plugins.metrics import TensorBoard
 from elastic_trainer_plugins.pause_resume import PauseResume
 from elastic_trainer_plugins.scale_down import ScaleDown
 
-from .._checkpoint import Checkpointer
+from ..checkpoints._checkpointer import Checkpointer
 from .._data import StdlibText
 from .._failures import ConfigError, check_at_least
 from .._models import Transformer

@@ -9,7 +9,7 @@ the constructor for code that builds the objects itself.
 from __future__ import annotations
 
 from .._failures import ConfigError, check_at_least
-from .._period import check_mtbf
+from ..checkpoints._young_daly import check_mtbf
 
 
 def check_trainer_settings(

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .._period import YoungDalyPeriod
+from ..checkpoints._young_daly import YoungDalyPeriod
 from ._model import FailureModel
 from ._simulate import Scenario
 

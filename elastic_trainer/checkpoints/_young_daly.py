@@ -6,7 +6,7 @@ import math
 import statistics
 from typing import Any
 
-from ._failures import ConfigError
+from .._failures import ConfigError
 
 
 class YoungDalyPeriod:

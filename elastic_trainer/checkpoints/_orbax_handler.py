@@ -6,7 +6,7 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
-from ._private_apis import PrimaryNumpyHandler
+from .._private_apis import PrimaryNumpyHandler
 
 
 def state_handler(multiprocessing: ocp.options.MultiprocessingOptions) -> ocp.PyTreeCheckpointHandler:

@@ -15,14 +15,14 @@ import orbax.checkpoint as ocp
 from jax.experimental import multihost_utils
 from jaxtyping import PyTree
 
-from ._checkpoint_io import FailedSaves, SaveEnded, log_closed_loop_noise, move_aside
+from ._failed_writes import FailedSaves, SaveEnded, log_closed_loop_noise, move_aside
 from ._checksums import CHECKSUMS_KEY, checksums, compile_checksums, verify_checksums
-from ._failures import ConfigError
-from .clusters._group_barrier import GroupBarrier, hide_given_up_saves
-from .clusters._rejoin import this_process_joined
-from ._period import YoungDalyPeriod
-from ._state_handler import state_handler
-from .config._settings import check_checkpoint_settings
+from .._failures import ConfigError
+from ._group_barrier import GroupBarrier, hide_given_up_saves
+from ..clusters._rejoin import this_process_joined
+from ._young_daly import YoungDalyPeriod
+from ._orbax_handler import state_handler
+from ..config._settings import check_checkpoint_settings
 
 FIRST_SAVE_TIMEOUT_S = 300
 """How long every process waits for the others to be ready for the job's first save (some may still be compiling)."""
@@ -161,7 +161,7 @@ class Checkpointer:
             return None
         return GroupBarrier(processes, name=f"elastic_trainer_group{self.groups}")
 
-    def regroup(self, processes: Collection[int]) -> None:
+    def save_over(self, processes: Collection[int]) -> None:
         """Save over ``processes`` only from now on: the live processes of a job that lost some.
 
         Every process in ``processes`` must call this, with the same set, at

@@ -14,7 +14,7 @@ from .._private_apis import coordination_client
 
 
 class SaveGivenUp(RuntimeError):
-    """A save that :meth:`Checkpointer.regroup` gave up: the processes it waited for may be dead."""
+    """A save that :meth:`Checkpointer.save_over` gave up: the processes it waited for may be dead."""
 
 
 class _HideGivenUpSaves(logging.Filter):

@@ -17,7 +17,7 @@ from typing import NamedTuple
 
 import orbax.checkpoint as ocp
 
-from ._failures import CheckpointWarning
+from .._failures import CheckpointWarning
 
 BACKGROUND_LOGGER = "elastic_trainer.orbax"
 """The logger that gets what Orbax's background work raises where nobody catches it; the command line's

@@ -11,13 +11,13 @@ import equinox as eqx
 import jax
 from jaxtyping import PyTree
 
-from ._checkpoint import Checkpointer
-from ._checkpoint_io import SaveEnded
+from ._checkpointer import Checkpointer
+from ._failed_writes import SaveEnded
 from ._checksums import ChecksumMismatch
-from .clusters import AbstractCluster
-from ._failures import CheckpointWarning, ConfigError, SliceLostError, TrainingStopped
-from ._goodput import GoodputClock
-from ._records import LoopState
+from ..clusters import AbstractCluster
+from .._failures import CheckpointWarning, ConfigError, SliceLostError, TrainingStopped
+from .._goodput import GoodputClock
+from .._records import LoopState
 
 
 def refuse_to_overwrite(checkpointer: Checkpointer) -> None:
@@ -201,7 +201,7 @@ class RunCheckpoints:
         if live is None:
             return
         try:
-            self.checkpointer.regroup(live)
+            self.checkpointer.save_over(live)
         except Exception as error:
             try:
                 self._cluster.check_step(slices, since=since)
