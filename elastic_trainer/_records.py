@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from typing import Any
+from typing import Any, Literal
 
 import jax
 import numpy as np
@@ -16,6 +16,10 @@ from jaxtyping import PyTree
 
 from ._goodput import GoodputClock
 from ._ledger import SampleLedger
+
+RestoredFrom = Literal["replica", "snapshot", "checkpoint", "none"]
+"""Where a recovery took the state from (``report.json``'s ``restored_from``; ``_restore_sources.py``), or
+``"none"``: the state of step 0 again, on a restart with no checkpoint yet."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -100,7 +104,7 @@ class FailureRecord:
     detection_s: float
     action: str = "stop"
     slices_after: int | None = None
-    restored_from: str = "none"
+    restored_from: RestoredFrom = "none"
     lost_steps: int = 0
     recovery_s: float | None = None
     ended_run: bool = False

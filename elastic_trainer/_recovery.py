@@ -18,7 +18,6 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, NoReturn
 
-import equinox as eqx
 import jax
 import pluggy
 from jaxtyping import PyTree
@@ -31,8 +30,9 @@ from ._goodput import GoodputClock
 from ._layouts import Layouts
 from ._mesh import keep_slices
 from ._plugins import answering
-from ._records import FailureLog, FailureRecord, Layout, LoopState, PendingRecovery, StepHistory
-from .checkpoints._run_checkpoints import NoReadableCheckpoint, RunCheckpoints
+from ._records import FailureLog, FailureRecord, Layout, LoopState, PendingRecovery, RestoredFrom, StepHistory
+from ._restore_sources import RestoreRequest, restore_from_best
+from .checkpoints._run_checkpoints import RunCheckpoints
 from ._snapshots import HostSnapshots
 from ._step_cache import StepCache
 from ._stragglers import StragglerWatch
@@ -306,42 +306,17 @@ def gone_slices(state: LoopState, lost: Sequence[int]) -> tuple[int, ...]:
 def restore(
     ctx: TrainingContext, arrays: PyTree, old: Layout, survivors: Sequence[int], new: Layout, *, step: int,
     consumed: bool = False,
-) -> tuple[PyTree, str, int]:
-    """The state on ``new``: from a surviving replica, else the host snapshot, else the newest readable checkpoint
-    (``consumed``: the failed step had taken the state from every slice).
+) -> tuple[PyTree, RestoredFrom, int]:
+    """The state on ``new``, from the first source of the restore policy that holds one (``_restore_sources.py``:
+    a surviving replica, else the host snapshot, else the newest readable checkpoint; ``consumed``: the failed
+    step had taken the state from every slice).
 
     Returns the arrays, where they came from, and the step they hold.
     """
-    since = ctx.cluster.incarnations()  # the restore must not outlive a slice it writes to
-    if not survivors and ctx.snapshots.latest is None:
-        why = "the failed step had taken the state from every slice (a step donates it)" if consumed else \
-            "every slice was lost"
-        if ctx.checkpoints is None or ctx.checkpoints.checkpointer.latest_step() is None:
-            raise TrainingStopped(f"{why} and there is no snapshot or checkpoint to restore from; keep "
-                                  "trainer.snapshot_period above 0 or enable checkpoints.")
-        target = jax.tree.map(
-            lambda a, sharding: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sharding), ctx.abstract, new.shardings
-        )
-        with ctx.clock.measure("checkpoint_restore"):
-            try:
-                arrays, restored_step = ctx.checkpoints.restore_newest(target, slices=new.slices, since=since)
-            except NoReadableCheckpoint as none:
-                raise TrainingStopped(f"{why} and no checkpoint is readable{none.unreadable}.") from None
-        return arrays, "checkpoint", restored_step
-    source, restored_step = ("replica", step) if survivors else ("snapshot", ctx.snapshots.latest.step)
-    ctx.hooks.et_before_restore(trainer=ctx.view, step=restored_step, source=source)
-    with ctx.clock.measure("remesh" if survivors else "checkpoint_restore"):
-        if survivors:
-            positions = [old.slices.index(s) for s in survivors]
-            arrays = jax.device_put(keep_slices(arrays, old.mesh, positions), new.shardings)
-        else:
-            arrays = jax.device_put(ctx.snapshots.latest.arrays, new.shardings)
-        jax.block_until_ready(arrays)
-        ctx.cluster.check_step(new.slices, since=since)
-    ctx.hooks.et_after_restore(
-        trainer=ctx.view, step=restored_step, source=source, state=eqx.combine(arrays, ctx.static)
-    )
-    return arrays, source, restored_step
+    request = RestoreRequest(arrays, old, survivors, new, step=step, since=ctx.cluster.incarnations(),
+                             consumed=consumed)  # the restore must not outlive a slice it writes to
+    restored = restore_from_best(ctx, request)
+    return restored.arrays, restored.source, restored.step
 
 
 def restart(ctx: TrainingContext, index: int, state: LoopState, *, error: Exception) -> NoReturn:

@@ -10,6 +10,10 @@ if TYPE_CHECKING:
     from ._protocols import RunView, TrainerView
     from ._state import TrainState
 
+DEFAULT_MAX_RESTARTS = 10
+"""How many new worker processes the command may start for a strategy's restarts when the strategy does not say
+(its ``max_restarts``)."""
+
 
 class AbstractStrategy(abc.ABC):
     """A strategy plugin: it decides how the run recovers from each failure (:meth:`et_choose_recovery`).
@@ -24,6 +28,8 @@ class AbstractStrategy(abc.ABC):
 
     name: ClassVar[str]
     """The report's ``strategy``."""
+    max_restarts: int = DEFAULT_MAX_RESTARTS
+    """How many new worker processes the command may start when this strategy's plans restart the process."""
 
     @abc.abstractmethod
     def et_choose_recovery(self, trainer: RunView, failure: Failure) -> RecoveryPlan:

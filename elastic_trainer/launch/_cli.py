@@ -34,12 +34,13 @@ from .._failures import ConfigError, PluginError, RestartRequested, TrainingStop
 from .._preemption import Preempted, exit_status, stop_signals
 from .._run_lock import hold_run_locks
 from .._protocols import RestartingStrategy, restarts_process
+from .._strategy import DEFAULT_MAX_RESTARTS, AbstractStrategy
 from .._plugins import (
     DISABLE_AUTOLOAD_ENV, ENTRY_POINT_GROUP, LOAD_PLUGINS_ENV, describe_plugins, make_plugin_manager, strategy_name,
 )
 from ._launcher import launch
 from ._processes import die_with_parent
-from ._supervisor import DEFAULT_MAX_RESTARTS, RESTART_EXIT_CODE, is_worker, supervise
+from ._supervisor import RESTART_EXIT_CODE, is_worker, supervise
 
 CONFIG_MODULE = "elastic_trainer_conf"
 LIST_PLUGINS = "--list-plugins"
@@ -119,8 +120,8 @@ def _run_locked(cfg: DictConfig, *, run_dir: Path, started_at: float) -> int:
     if cfg.cluster.get("launcher") == "local" and not is_worker():
         return _launch(cfg, strategy, job)
     # a strategy may restart the process without declaring it (et.RestartingStrategy): then the default
-    supervised = dict(**job, max_restarts=strategy.max_restarts if isinstance(strategy, RestartingStrategy)
-                      else DEFAULT_MAX_RESTARTS,
+    supervised = dict(**job, max_restarts=strategy.max_restarts
+                      if isinstance(strategy, (AbstractStrategy, RestartingStrategy)) else DEFAULT_MAX_RESTARTS,
                       strategy=strategy_name(strategy))
     if restarts_process(strategy) and not is_worker():  # declared: a supervisor from the start
         return supervise(**supervised)

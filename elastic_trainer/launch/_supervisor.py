@@ -23,9 +23,6 @@ EVENTS = "events.jsonl"
 RESTART_EXIT_CODE = 75
 """A worker's exit status when its strategy asks for a fresh process (EX_TEMPFAIL)."""
 
-DEFAULT_MAX_RESTARTS = 10
-"""How many new workers the command starts for a strategy that restarts the process but declares no ``max_restarts``."""
-
 WORKER_ENV = "ELASTIC_TRAINER_WORKER"
 """Set in a worker's environment to its attempt number; a worker never supervises."""
 

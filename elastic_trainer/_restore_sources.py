@@ -1,0 +1,173 @@
+"""Where a recovery takes the train state from: each source a small class, tried in one order (:data:`POLICY`).
+
+A surviving replica is the state of the failed step's start, on devices
+that live: nothing is lost and nothing is read. Then the host snapshot (the
+state of the last snapshot step, in host memory), then the newest readable
+checkpoint. The snapshot goes before a checkpoint even when the checkpoint
+is newer: it is read from host memory, it never fails for a storage reason,
+and it is at most ``trainer.snapshot_period - 1`` steps old, where reading a
+checkpoint costs a storage read that may find it unreadable and fall back
+further. A replacement process takes its state from a live peer instead
+(``_take_back.join``): the peer's replica, sent over the collectives.
+"""
+
+from __future__ import annotations
+
+import abc
+import dataclasses
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, ClassVar
+
+import equinox as eqx
+import jax
+from jaxtyping import PyTree
+
+from ._failures import TrainingStopped
+from ._mesh import keep_slices
+from ._records import Layout, RestoredFrom
+from .checkpoints._run_checkpoints import NoReadableCheckpoint
+
+if TYPE_CHECKING:
+    from ._recovery import TrainingContext
+
+@dataclasses.dataclass(frozen=True)
+class RestoreRequest:
+    """What a recovery asks a source for: the state of ``step``'s start, on ``new``.
+
+    :param arrays: the state's arrays as they are after the failure (what lived on lost slices is gone).
+    :param old: the layout the state was on.
+    :param survivors: the slices of ``old`` that still hold the whole state (none when every one was lost, or the
+        failed step had taken the state from every slice).
+    :param new: the layout to restore onto.
+    :param step: the step the failure interrupted.
+    :param since: the slices' incarnations the restore must not outlive.
+    :param consumed: the failed step had taken the state from every slice (it is donated).
+    """
+
+    arrays: PyTree
+    old: Layout
+    survivors: Sequence[int]
+    new: Layout
+    step: int
+    since: tuple[int, ...]
+    consumed: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
+class Restored:
+    """A restored state: its arrays on the new layout, their source, and the step they hold."""
+
+    arrays: PyTree
+    source: RestoredFrom
+    step: int
+
+
+class RestoreSource(abc.ABC):
+    """One place the state can come back from."""
+
+    name: ClassVar[RestoredFrom]
+
+    @abc.abstractmethod
+    def available(self, ctx: TrainingContext, request: RestoreRequest) -> bool:
+        """Whether this source holds a state to restore."""
+
+    @abc.abstractmethod
+    def restore(self, ctx: TrainingContext, request: RestoreRequest) -> Restored:
+        """The state, on ``request.new``."""
+
+
+class _InMemorySource(RestoreSource):
+    """A state this process holds (on surviving devices or in host memory), put on the new layout between
+    ``et_before_restore`` and ``et_after_restore``."""
+
+    measured_as: ClassVar[str]
+
+    def restore(self, ctx: TrainingContext, request: RestoreRequest) -> Restored:
+        step = self._step(ctx, request)
+        ctx.hooks.et_before_restore(trainer=ctx.view, step=step, source=self.name)
+        with ctx.clock.measure(self.measured_as):
+            arrays = jax.device_put(self._arrays(ctx, request), request.new.shardings)
+            jax.block_until_ready(arrays)
+            ctx.cluster.check_step(request.new.slices, since=request.since)
+        ctx.hooks.et_after_restore(trainer=ctx.view, step=step, source=self.name,
+                                   state=eqx.combine(arrays, ctx.static))
+        return Restored(arrays, self.name, step)
+
+    @abc.abstractmethod
+    def _step(self, ctx: TrainingContext, request: RestoreRequest) -> int:
+        """The step the held state is of."""
+
+    @abc.abstractmethod
+    def _arrays(self, ctx: TrainingContext, request: RestoreRequest) -> PyTree:
+        """The held state."""
+
+
+class Replica(_InMemorySource):
+    """The copy on the surviving slices: the state of the failed step's start, nothing lost."""
+
+    name, measured_as = "replica", "remesh"
+
+    def available(self, ctx: TrainingContext, request: RestoreRequest) -> bool:
+        return bool(request.survivors)
+
+    def _step(self, ctx: TrainingContext, request: RestoreRequest) -> int:
+        return request.step
+
+    def _arrays(self, ctx: TrainingContext, request: RestoreRequest) -> PyTree:
+        positions = [request.old.slices.index(s) for s in request.survivors]
+        return keep_slices(request.arrays, request.old.mesh, positions)
+
+
+class Snapshot(_InMemorySource):
+    """The host snapshot: the state of the last snapshot step, in host memory."""
+
+    name, measured_as = "snapshot", "checkpoint_restore"
+
+    def available(self, ctx: TrainingContext, request: RestoreRequest) -> bool:
+        return ctx.snapshots.latest is not None
+
+    def _step(self, ctx: TrainingContext, request: RestoreRequest) -> int:
+        return ctx.snapshots.latest.step
+
+    def _arrays(self, ctx: TrainingContext, request: RestoreRequest) -> PyTree:
+        return ctx.snapshots.latest.arrays
+
+
+class Checkpoint(RestoreSource):
+    """The newest readable checkpoint (unreadable ones skipped, with a warning)."""
+
+    name = "checkpoint"
+
+    def available(self, ctx: TrainingContext, request: RestoreRequest) -> bool:
+        return ctx.checkpoints is not None and ctx.checkpoints.checkpointer.latest_step() is not None
+
+    def restore(self, ctx: TrainingContext, request: RestoreRequest) -> Restored:
+        target = jax.tree.map(lambda a, sharding: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sharding),
+                              ctx.abstract, request.new.shardings)
+        with ctx.clock.measure("checkpoint_restore"):
+            try:
+                arrays, step = ctx.checkpoints.restore_newest(target, slices=request.new.slices, since=request.since)
+            except NoReadableCheckpoint as none:
+                raise TrainingStopped(f"{_nothing_survived(request)} and no checkpoint is readable"
+                                      f"{none.unreadable}.") from None
+        return Restored(arrays, self.name, step)
+
+
+POLICY: tuple[RestoreSource, ...] = (Replica(), Snapshot(), Checkpoint())
+"""The sources a recovery tries, first choice first."""
+
+
+def restore_from_best(ctx: TrainingContext, request: RestoreRequest) -> Restored:
+    """The state on ``request.new`` from the first source of :data:`POLICY` that holds one;
+    :class:`TrainingStopped` when none does."""
+    for source in POLICY:
+        if source.available(ctx, request):
+            return source.restore(ctx, request)
+    raise TrainingStopped(f"{_nothing_survived(request)} and there is no snapshot or checkpoint to restore from; "
+                          "keep trainer.snapshot_period above 0 or enable checkpoints.")
+
+
+def _nothing_survived(request: RestoreRequest) -> str:
+    """Why no slice holds the state, in words."""
+    return ("the failed step had taken the state from every slice (a step donates it)" if request.consumed
+            else "every slice was lost")
