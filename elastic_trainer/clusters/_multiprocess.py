@@ -20,6 +20,7 @@ from ._base import AbstractProcessInjectableCluster
 from .._failures import ConfigError, SliceLostError, StepTimeoutError
 from .._private_apis import backends_started, bound_orbax_barriers, coordination_client
 from ._coordinator import DEFAULT_HEARTBEAT_TIMEOUT_S, KEY_PREFIX, join_job, noted
+from ._platform import PLATFORM_LAYERS, PlatformLayer
 from ._process_injection import ProcessFailureInjection, say_down
 from ._rejoin import ProcessRejoin, note_lost
 from ._step_times import OwnStepTimes, TimeoutCheck
@@ -84,16 +85,11 @@ def _kill_if_stuck(client, process: int) -> None:
 
 
 def _configure_runtime(
-    *, platform: str | None, devices_per_process: int | None, collective_timeout_s: int, barrier_timeout_s: int
+    *, platform: PlatformLayer, devices_per_process: int | None, collective_timeout_s: int, barrier_timeout_s: int
 ) -> None:
-    """JAX's CPU collectives (gloo, with a timeout) and device count, recoverability, and Orbax's barrier timeout."""
-    if platform == "cpu":
-        jax.config.update("jax_platforms", "cpu")
-        jax.config.update("jax_cpu_collectives_implementation", "gloo")
-        flag = f"--xla_cpu_collective_timeout_seconds={collective_timeout_s}"
-        os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {flag}".strip()
-        if devices_per_process is not None:
-            jax.config.update("jax_num_cpu_devices", devices_per_process)
+    """The platform's collectives (on CPU: gloo, with a timeout) and device count, recoverability, and Orbax's
+    barrier timeout."""
+    platform.configure(devices_per_process=devices_per_process, collective_timeout_s=collective_timeout_s)
     jax.config.update("jax_enable_recoverability", True)  # survivors live on when a process dies
     bound_orbax_barriers(barrier_timeout_s)
 
@@ -172,6 +168,7 @@ class MultiprocessCluster(ProcessRejoin, ProcessFailureInjection, AbstractProces
         self.initialization_timeout_s = initialization_timeout_s
         self.barrier_timeout_s = barrier_timeout_s
         self.platform = platform
+        self.platform_layer = PLATFORM_LAYERS[platform]
         self.launcher = launcher
         self.coordinator = coordinator
         self.spared_slices = (0,) if coordinator == "process0" else ()  # failure injection spares the service's host
@@ -194,7 +191,7 @@ class MultiprocessCluster(ProcessRejoin, ProcessFailureInjection, AbstractProces
                 "cluster=multiprocess must configure JAX before any JAX operation runs in this process; "
                 "start it with python -m elastic_trainer, or build the cluster first."
             )
-        _configure_runtime(platform=self.platform, devices_per_process=self.devices_per_process,
+        _configure_runtime(platform=self.platform_layer, devices_per_process=self.devices_per_process,
                            collective_timeout_s=self.collective_timeout_s, barrier_timeout_s=self.barrier_timeout_s)
         process_id = os.environ.get(PROCESS_ID_ENV)  # unset: JAX's cluster detection knows it, and the count
         join_job(self.coordinator, num_processes=self.num_processes if process_id is not None else None,

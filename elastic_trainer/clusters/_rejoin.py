@@ -22,15 +22,15 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import jax
-import jax.extend.backend
 import jax.numpy as jnp
 import numpy as np
 from jax.sharding import NamedSharding
 from jaxtyping import PyTree
 
 from .._mesh import SLICE_AXIS
-from .._private_apis import forget_live_devices, own_process_id
+from .._private_apis import own_process_id
 from ._coordinator import KEY_PREFIX, noted
+from ._platform import PLATFORM_LAYERS, PlatformLayer
 
 RETURNS_DIR_ENV = "ELASTIC_TRAINER_RETURNS_DIR"
 """Set by the local launcher to a directory where a process that failure injection takes down for a while (or
@@ -39,12 +39,6 @@ one that leaves with its slice, lost or dropped) notes when it comes back (``pro
 or Slurm's ``--requeue`` would restart a lost task: a replacement that joined before the live processes found
 its predecessor's death would hold their agreement on who lives (``live_devices`` waits for every live process
 it names, and the replacement is live)."""
-
-STALE_KEYS = ("cpu:global_topology/cpu", "cpu:gloo")
-"""What the old CPU backend left in the coordination service's key-value store that a new one must write again:
-its global topology (a key) and gloo's rendezvous (a directory). Each process's local topology is written with
-overwriting allowed."""
-
 
 @dataclasses.dataclass(frozen=True)
 class Admission:
@@ -82,17 +76,18 @@ class Admission:
         return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in fields.items()})
 
 
-def restart_backends(client, admission: Admission, *, timeout_s: float,
+def restart_backends(client, admission: Admission, *, platform: PlatformLayer, timeout_s: float,
                      before_restart: Callable[[], None] = lambda: None) -> bool:
-    """Every process of ``admission`` (the survivors and the replacements alike) starts a new CPU backend; ``False``
-    when not every one of them came to meet within ``timeout_s`` (a replacement died after asking to join), and
-    nothing was done.
+    """Every process of ``admission`` (the survivors and the replacements alike) starts a new backend of
+    ``platform``; ``False`` when not every one of them came to meet within ``timeout_s`` (a replacement died after
+    asking to join), and nothing was done.
 
-    They meet; each does ``before_restart``; the lowest deletes the old
-    backend's keys (:data:`STALE_KEYS`); they meet again, and each drops its
-    backend (its gloo communicators go with it) and starts a new one, whose
-    start-up exchanges the topology of every process. Arrays of the old
-    backend must not be used afterwards.
+    They meet; each does ``before_restart``; the lowest deletes what the old
+    backend's collectives left in the key-value store
+    (:meth:`PlatformLayer.forget_collectives`); they meet again, and each
+    drops its backend (its communicators go with it) and starts a new one,
+    whose start-up exchanges the topology of every process. Arrays of the
+    old backend must not be used afterwards.
     """
     processes, barrier = list(admission.processes), f"{KEY_PREFIX}rejoin{admission.round}"
     try:
@@ -101,14 +96,9 @@ def restart_backends(client, admission: Admission, *, timeout_s: float,
         return False
     before_restart()
     if own_process_id() == min(processes):  # a replacement has no backend yet: it must not start one here
-        client.key_value_delete(STALE_KEYS[0])
-        for key, _ in client.key_value_dir_get_bytes(STALE_KEYS[1]):
-            client.key_value_delete(key)
+        platform.forget_collectives(client)
     client.wait_at_barrier(f"{barrier}/clean", int(timeout_s * 1000), process_ids=processes)
-    jax.clear_caches()
-    jax.extend.backend.clear_backends()
-    jax.devices()  # the new backend, started together
-    forget_live_devices()  # what live_devices last saw are the old backend's devices
+    platform.restart_backend()
     return True
 
 
@@ -221,6 +211,8 @@ class ProcessRejoin:
 
     admission: Admission | None = None
     """In a replacement: how the live processes took it in (after :meth:`configure_jax`); ``None`` elsewhere."""
+    platform_layer: PlatformLayer = PLATFORM_LAYERS["cpu"]
+    """What restarts the backend at a rejoin (the cluster's ``cluster.platform``)."""
     _returning: frozenset[int] = frozenset()  # processes that asked to join, as the live ones agreed
     _agreements = 0  # times the live processes agreed on who lives
     _rounds = 0  # admissions so far
@@ -239,7 +231,7 @@ class ProcessRejoin:
         if isinstance(admission, str):  # it ends, and the launcher does not take that for the job's end
             client.key_value_delete(f"{KEY_PREFIX}join/{process}")
             raise SystemExit(f"elastic_trainer: process {process} came back, but {admission}; it ends.")
-        if not restart_backends(client, admission, timeout_s=self.barrier_timeout_s):
+        if not restart_backends(client, admission, platform=self.platform_layer, timeout_s=self.barrier_timeout_s):
             raise SystemExit(f"elastic_trainer: process {process} came back, but not every process came to take it "
                              f"in within cluster.barrier_timeout_s={self.barrier_timeout_s}; it ends.")
         global _joined
@@ -337,7 +329,8 @@ class ProcessRejoin:
                 client.key_value_set(f"{KEY_PREFIX}admitted/{process}/{replacement}", admission.to_json())
         self._returning -= set(joining)
         self._rounds += 1  # a round given up is not met again: its barriers' names are not used twice
-        if not restart_backends(client, admission, timeout_s=self.barrier_timeout_s, before_restart=before_restart):
+        if not restart_backends(client, admission, platform=self.platform_layer, timeout_s=self.barrier_timeout_s,
+                                before_restart=before_restart):
             print(f"elastic_trainer: process(es) {joining} asked to join but did not come to be taken in within "
                   f"cluster.barrier_timeout_s={self.barrier_timeout_s}; going on without them", file=sys.stderr)
             return ()
