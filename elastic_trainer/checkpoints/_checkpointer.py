@@ -19,7 +19,7 @@ from ._failed_writes import FailedSaves, SaveEnded, log_closed_loop_noise, move_
 from ._checksums import CHECKSUMS_KEY, checksums, compile_checksums, verify_checksums
 from .._failures import ConfigError
 from ._group_barrier import GroupBarrier, hide_given_up_saves
-from ..clusters._rejoin import this_process_joined
+from ..clusters._rejoin import Admission
 from ._young_daly import YoungDalyPeriod
 from ._orbax_handler import state_handler
 from ..config._settings import check_checkpoint_settings
@@ -101,6 +101,9 @@ class Checkpointer:
     :param mtbf_s: for ``period="auto"``: the expected seconds between
         failures, or ``None`` for the rate observed in the run.
     :param max_failed_saves: a run stops when this many saves in a row failed for I/O.
+    :param admission: in a process that replaced a lost one, how the running job took it in
+        (``cluster.admission``): it saves alone, in the job's next checkpoint group, until the trainer makes it one
+        of the group again; ``None`` elsewhere.
     """
 
     def __init__(
@@ -112,6 +115,7 @@ class Checkpointer:
         async_save: bool = True,
         mtbf_s: float | None = None,
         max_failed_saves: int = 3,
+        admission: Admission | None = None,
     ):
         check_checkpoint_settings(period=period, max_to_keep=max_to_keep, mtbf_s=mtbf_s,
                                   max_failed_saves=max_failed_saves)
@@ -126,7 +130,7 @@ class Checkpointer:
         self.max_failed_saves = max_failed_saves
         self._in_flight: int | None = None  # the step whose asynchronous save may still be committing
         self._failed_saves = FailedSaves(self.directory)
-        joined = this_process_joined()  # a replacement saves alone until the trainer regroups it with the others
+        joined = admission  # a replacement saves alone until the trainer regroups it with the others
         self.groups = joined.checkpoint_group - 1 if joined else 0
         """How many times the processes regrouped (each group's barriers are named after it)."""
         self.processes = frozenset([jax.process_index()] if joined else range(jax.process_count()))

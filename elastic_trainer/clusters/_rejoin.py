@@ -102,14 +102,6 @@ def restart_backends(client, admission: Admission, *, platform: PlatformLayer, t
     return True
 
 
-_joined: Admission | None = None  # this process's admission, if it replaced a lost one
-
-
-def this_process_joined() -> Admission | None:
-    """How the running job took this process in, when it replaced a lost one; ``None`` otherwise."""
-    return _joined
-
-
 def wait_to_be_admitted(client, key: str, *, timeout_s: float) -> Admission | str:
     """In a replacement: wait until the live processes take it in (their :class:`Admission` under ``key``); when
     they do not, why, in words."""
@@ -234,8 +226,7 @@ class ProcessRejoin:
         if not restart_backends(client, admission, platform=self.platform_layer, timeout_s=self.barrier_timeout_s):
             raise SystemExit(f"elastic_trainer: process {process} came back, but not every process came to take it "
                              f"in within cluster.barrier_timeout_s={self.barrier_timeout_s}; it ends.")
-        global _joined
-        _joined = self.admission = admission
+        self.admission = admission
         self._rounds = admission.round + 1
         self._live, self._failures = set(admission.processes), list(admission.incarnations)
         self._dispatched, self._agreements = admission.dispatched, admission.agreements
