@@ -108,24 +108,21 @@ def _commit(trainer: Trainer, state: LoopState, done: StepResult, *, interrupted
     return committed
 
 
-class _CommittedThenFailed(Exception):
-    """The update of a split step failed elsewhere: the step is committed (``state``), then ``error`` goes to
-    recovery."""
+class PhaseEnd(NamedTuple):
+    """How a phase of the loop ended: the loop's state after it, and the failure that goes to recovery from that
+    state (with the phase it failed in), if any."""
 
-    def __init__(self, error: Exception, state: LoopState):
-        super().__init__(str(error))
-        self.error, self.state = error, state
+    state: LoopState
+    failure: Exception | None = None
+    phase: str = ""
 
 
-def _recovery_start(state: LoopState, error: Exception, phase: str) -> tuple[LoopState, Exception, str]:
+def _recovery_start(state: LoopState, error: Exception, phase: str) -> PhaseEnd:
     """What recovery starts from when ``error`` ended ``phase`` at ``state``: a step that had taken the state
-    from every slice (:class:`StepInterrupted`) left it to none; a split step's update that failed elsewhere
-    left the state after the step (:class:`_CommittedThenFailed`)."""
+    from every slice (:class:`StepInterrupted`) left it to none."""
     if isinstance(error, StepInterrupted):
-        return dataclasses.replace(state, consumed=True), error.error, phase
-    if isinstance(error, _CommittedThenFailed):
-        return error.state, error.error, "update"
-    return state, error, phase
+        return PhaseEnd(dataclasses.replace(state, consumed=True), error.error, phase)
+    return PhaseEnd(state, error, phase)
 
 
 class FitResult(NamedTuple):
@@ -291,12 +288,14 @@ class Trainer:
                     state = self._ctx.layouts.maybe_resize(state)
                 phase = _next_phase(state)
                 try:
-                    state = phases[phase](state)
+                    end = phases[phase](state)
                 except (ConfigError, PluginError, TrainingStopped):
                     raise
                 except Exception as error:  # noqa: BLE001 - the one place where a failure enters recovery
-                    state, error, phase = _recovery_start(state, error, phase)
-                    state = survive(self._ctx, error, state, phase=phase)
+                    end = _recovery_start(state, error, phase)
+                state = end.state
+                if end.failure is not None:
+                    state = survive(self._ctx, end.failure, state, phase=end.phase)
         except TrainingStopped as stop:
             stopped = stop
             if isinstance(stop, RestartRequested):  # the state goes back to the last checkpoint
@@ -331,12 +330,12 @@ class Trainer:
         return LoopState(arrays, layout, step=resume_from or 0, position=0, incarnations=incarnations,
                          whole=not self.resume)
 
-    def _train(self, state: LoopState) -> LoopState:
+    def _train(self, state: LoopState) -> PhaseEnd:
         """Run step ``state.step`` and commit it: the state after it.
 
         When the update of a split step fails elsewhere, the step is committed
         all the same (the processes that live hold it), and the failure goes to
-        recovery from there (:class:`_CommittedThenFailed`).
+        recovery from there (phase ``update``).
         """
         ctx, layout = self._ctx, state.layout
         self.hook.et_step_start(trainer=self, step=state.step)
@@ -352,18 +351,16 @@ class Trainer:
                 failure = interrupted.error
             committed = _commit(self, state, done, interrupted=failure is not None)
         ctx.history.seconds[state.step] = time.time() - began
-        if failure is not None:
-            raise _CommittedThenFailed(failure, committed)
-        return committed
+        return PhaseEnd(committed, failure, "update")
 
-    def _save(self, state: LoopState) -> LoopState:
+    def _save(self, state: LoopState) -> PhaseEnd:
         """Save ``state`` as a checkpoint of its step (it is due)."""
         with self._ctx.clock.measure("checkpoint_save"):
             self._ctx.checkpoints.save(state, step_times_s=list(self._ctx.history.seconds.values()),
                                        failures=len(self._failures))
-        return dataclasses.replace(state, save_due=False, at_boundary=True)
+        return PhaseEnd(dataclasses.replace(state, save_due=False, at_boundary=True))
 
-    def _resume(self, state: LoopState) -> LoopState:
+    def _resume(self, state: LoopState) -> PhaseEnd:
         """Restore the newest readable checkpoint; a slice lost meanwhile is recovered from like any failure."""
         ctx = self._ctx
         try:
@@ -378,7 +375,8 @@ class Trainer:
             ) from None
         ctx.history.resumed_from = step
         ctx.history.start_at(int(arrays.data_position))
-        return dataclasses.replace(state, arrays=arrays, step=step, position=int(arrays.data_position), whole=True)
+        return PhaseEnd(dataclasses.replace(state, arrays=arrays, step=step, position=int(arrays.data_position),
+                                            whole=True))
 
 
 def _finish(trainer: Trainer, state: LoopState, stopped: TrainingStopped | None) -> FitResult:
