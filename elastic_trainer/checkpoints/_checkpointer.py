@@ -83,16 +83,14 @@ class Checkpointer:
     whose save failed, and the failed step's temporary folder is removed.
     What to do about it (``max_failed_saves``) is the caller's.
 
-    In a job of several JAX processes every save is written by all of them
-    together. Once processes are lost, :meth:`regroup` makes the live ones a
-    group of their own (an Orbax manager with ``active_processes``), so that
-    saves go on without the dead; a save that a loss interrupts never commits.
+    In a job of several JAX processes every save is written by all of them together. Once processes are lost,
+    :meth:`save_over` makes the live ones a group of their own (an Orbax manager with ``active_processes``), so
+    that saves go on without the dead; a save that a loss interrupts never commits.
 
-    The directory must be a writable directory (it is created if missing), or
-    the constructor raises :class:`ConfigError`. A checkpoint found
-    unreadable is marked with :meth:`mark_unreadable`: it is no longer listed,
-    and it is never deleted or overwritten (a save of its step first moves it
-    aside, to ``<step>.unreadable``).
+    The directory must be a writable directory (it is created if missing), or the constructor raises
+    :class:`ConfigError`. A checkpoint found unreadable is marked with :meth:`mark_unreadable`: it is no longer
+    listed, and it is never deleted or overwritten (a save of its step first moves it aside, to
+    ``<step>.unreadable``).
 
     :param directory: where the checkpoints go (one folder per step).
     :param period: save every this many steps, or ``"auto"``.
@@ -101,9 +99,8 @@ class Checkpointer:
     :param mtbf_s: for ``period="auto"``: the expected seconds between
         failures, or ``None`` for the rate observed in the run.
     :param max_failed_saves: a run stops when this many saves in a row failed for I/O.
-    :param admission: in a process that replaced a lost one, how the running job took it in
-        (``cluster.admission``): it saves alone, in the job's next checkpoint group, until the trainer makes it one
-        of the group again; ``None`` elsewhere.
+    :param admission: in a replacement process, how the job took it in (``cluster.admission``): it saves alone,
+        in the job's next checkpoint group, until the trainer makes it one of the group again.
     """
 
     def __init__(
@@ -130,13 +127,12 @@ class Checkpointer:
         self.max_failed_saves = max_failed_saves
         self._in_flight: int | None = None  # the step whose asynchronous save may still be committing
         self._failed_saves = FailedSaves(self.directory)
-        joined = admission  # a replacement saves alone until the trainer regroups it with the others
-        self.groups = joined.checkpoint_group - 1 if joined else 0
+        self.groups = admission.checkpoint_group - 1 if admission else 0  # a replacement saves alone at first
         """How many times the processes regrouped (each group's barriers are named after it)."""
-        self.processes = frozenset([jax.process_index()] if joined else range(jax.process_count()))
-        """The processes that save together: every process of the job, until :meth:`regroup`."""
+        self.processes = frozenset([jax.process_index()] if admission else range(jax.process_count()))
+        """The processes that save together: every process of the job, until :meth:`save_over`."""
         self._barrier = self._group_barrier(self.processes)
-        self.manager = self._manager(active_processes=set(self.processes) if joined else None, barrier=self._barrier)
+        self.manager = self._manager(active_processes=set(self.processes) if admission else None, barrier=self._barrier)
         if self._barrier is not None:
             self._compile_orbax_barrier()
         log_closed_loop_noise()
@@ -276,7 +272,7 @@ class Checkpointer:
         Orbax commits a step only when its save finished, but a save that
         finished while a slice was lost may hold bad data, so it goes too.
         Later saves are unaffected. After a loss of processes, call
-        :meth:`regroup` first: the old group's save may wait for the dead.
+        :meth:`save_over` first: the old group's save may wait for the dead.
         """
         if not self._saves_here():
             return
