@@ -30,8 +30,9 @@ PROCESS_ID_ENV = "ELASTIC_TRAINER_PROCESS_ID"
 """Set by the local launcher to a worker's process id; unset, JAX detects it (Slurm, Kubernetes, Cloud TPU)."""
 
 STUCK_GRACE_S = 1.0
-"""After its step failed, how long a process waits for every other live process
-to have reached that step; one that has not is dead or stuck before the step's collectives."""
+"""After its step failed, how long a process waits at least for every other live process to have reached that
+step; one that has not (nor within the collective timeout of this process's dispatch) is dead or stuck before the
+step's collectives."""
 
 AUTO_COLLECTIVE_TIMEOUT_S = 2
 """The collective timeout when ``cluster.collective_timeout_s`` is unset: every step starts with the processes
@@ -46,10 +47,11 @@ def _wait_quietly(arrays: PyTree) -> None:
         pass
 
 
-def _processes_behind(client, processes: set[int], dispatched: int) -> list[int]:
-    """Those of ``processes`` that have not noted step ``dispatched`` as dispatched within :data:`STUCK_GRACE_S`,
-    less those known dead already (on this host), which are not waited for."""
-    deadline = time.monotonic() + STUCK_GRACE_S
+def _processes_behind(client, processes: set[int], dispatched: int, *, not_before: float) -> list[int]:
+    """Those of ``processes`` that have not noted step ``dispatched`` as dispatched within :data:`STUCK_GRACE_S`
+    nor by ``not_before`` (``time.monotonic``), less those known dead already (on this host), which are not waited
+    for."""
+    deadline = max(time.monotonic() + STUCK_GRACE_S, not_before)
     behind = {p for p in processes if not _dead_here(client, p)}
     while behind and time.monotonic() < deadline:
         behind -= {p for p in behind if int(noted(client, f"dispatched/{p}") or 0) >= dispatched}
@@ -177,6 +179,7 @@ class MultiprocessCluster(ProcessRejoin, ProcessFailureInjection, AbstractProces
         self._failures = [0] * self.slices
         self._lost_at: dict[int, float | None] = {}  # dead process -> when it went down, if it said so
         self._dispatched = 0  # steps dispatched by this process
+        self._dispatched_at = time.monotonic()  # when it dispatched the latest
         self._own_times = OwnStepTimes(self._client, KEY_PREFIX, jax.process_index)
         self._step_seconds: dict[int, float] = {}
 
@@ -347,6 +350,7 @@ class MultiprocessCluster(ProcessRejoin, ProcessFailureInjection, AbstractProces
     def step_dispatched(self) -> None:
         """Note in the key-value store that this process reached its latest step's collectives."""
         self._dispatched += 1
+        self._dispatched_at = time.monotonic()
         self._own_times.dispatched()
         if self._timeout_check is not None:
             self._timeout_check.dispatched()
@@ -368,12 +372,17 @@ class MultiprocessCluster(ProcessRejoin, ProcessFailureInjection, AbstractProces
 
         Every process notes each step it dispatched (:meth:`step_dispatched`);
         one that has not noted this step within :data:`STUCK_GRACE_S` of our
-        failure is dead or stuck. A stuck one on this host is killed; one on
-        another host is left to the scheduler (the barrier that follows
-        waits until it is gone).
+        failure is dead or stuck, unless the collective timeout since our own
+        dispatch has not run out yet: our step may have failed at once (a peer
+        died), and a live peer only slow to reach the collectives (a loaded
+        host) is given the time its collectives would give it. A stuck one on
+        this host is killed; one on another host is left to the scheduler (the
+        barrier that follows waits until it is gone).
         """
         client = self._client()
-        for process in _processes_behind(client, self._live - {jax.process_index()}, self._dispatched):
+        behind = _processes_behind(client, self._live - {jax.process_index()}, self._dispatched,
+                                   not_before=self._dispatched_at + self.collective_timeout_s)
+        for process in behind:
             _kill_if_stuck(client, process)
 
     # ------------------------------------------------------------------ leaving
