@@ -8,7 +8,11 @@ from .checkpoints._checkpointer import Checkpointer as Checkpointer
 from .clusters import (
     AbstractCluster as AbstractCluster,
     AbstractInjectableCluster as AbstractInjectableCluster,
+    AbstractMultiControllerCluster as AbstractMultiControllerCluster,
     AbstractProcessInjectableCluster as AbstractProcessInjectableCluster,
+    AbstractRejoinCluster as AbstractRejoinCluster,
+    AbstractTimedCluster as AbstractTimedCluster,
+    SyncCall as SyncCall,
     MultiprocessCluster as MultiprocessCluster,
     PathwaysCluster as PathwaysCluster,
     SimulatedCluster as SimulatedCluster,
@@ -24,6 +28,7 @@ from ._failures import (
     RestartRequested as RestartRequested,
     RetryBudget as RetryBudget,
     SliceLostError as SliceLostError,
+    SyncMismatchError as SyncMismatchError,
     TrainingStopped as TrainingStopped,
 )
 from ._preemption import Preempted as Preempted

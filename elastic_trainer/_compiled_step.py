@@ -1,6 +1,6 @@
 """A layout's compiled step, and how it runs: one donating program, or the gradients and then the update.
 
-Which one a layout gets is the cluster's (:attr:`AbstractCluster.independent_processes`,
+Which one a layout gets is the cluster's (a split step on an :class:`AbstractMultiControllerCluster`,
 docs/architecture.md, "The step"). Both run the same way from outside: the
 runner (a :class:`StepMonitor`) is told when the step is launched and
 dispatched, and waits for it; a failure after the state was donated raises

@@ -14,7 +14,7 @@ from typing import Any, NoReturn, TypeVar
 
 from jax.sharding import Mesh
 
-from .clusters import AbstractCluster
+from .clusters import AbstractCluster, SyncCall
 from ._failures import ConfigError, PluginError
 from ._goodput import GoodputClock
 from ._layouts import make_mesh
@@ -72,7 +72,7 @@ class ElasticRun:
             self.step = step
             self.hook.et_step_start(trainer=self, step=step)
             yield step
-            self.cluster.check_step(self.slices, since=self._incarnations)
+            self.cluster.synchronize(SyncCall.STEP_END, self.slices, since=self._incarnations)
             finish_recovery(self._ctx, self._pending)
             self._pending = None
             self.hook.et_step_end(trainer=self, step=step + 1, metrics={})

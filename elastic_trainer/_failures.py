@@ -175,6 +175,11 @@ class CheckpointWarning(UserWarning):
     """A checkpoint was skipped (unreadable); an older one is used instead."""
 
 
+class SyncMismatchError(RuntimeError):
+    """Live processes made different synchronization calls under one agreement's number; the message names both.
+    A bug (in a plugin or the framework), never the hardware's: the run stops."""
+
+
 class PluginError(RuntimeError):
     """A plugin failed to load or broke its hook's contract; the message names it."""
 

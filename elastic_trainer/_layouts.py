@@ -11,7 +11,7 @@ from typing import Any
 import jax
 from jax.sharding import Mesh
 
-from .clusters import AbstractCluster
+from .clusters import AbstractCluster, release as release_slices, returning_slices
 from ._failures import ConfigError, PluginError, RecoveryPlan
 from ._goodput import GoodputClock
 from ._mesh import DEVICE_AXIS, SLICE_AXIS, keep_slices
@@ -40,8 +40,8 @@ class Layouts:
     :param steps: the compiled steps, by layout.
     :param global_batch_size: samples per step on the full cluster.
     :param release: ``release(dropped, kept)`` lets the slices ``dropped`` go at a step boundary, the run
-        going on with ``kept`` (the run's checkpoints do it: their saves go on over what is left); by default the
-        cluster's :meth:`~AbstractCluster.release`.
+        going on with ``kept`` (the run's checkpoints do it: their saves go on over what is left); by default
+        :func:`~elastic_trainer.clusters.release`.
     :param take_back: ``take_back(state, slices, returning)`` goes on with ``slices`` at a step boundary, taking
         in ``returning`` ones (``_take_back.take_back``); the state on the new layout.
     """
@@ -57,7 +57,7 @@ class Layouts:
         self._clock = clock
         self._steps = steps
         self._global_batch_size = global_batch_size
-        self._release = release or (lambda dropped, kept: cluster.release(dropped))
+        self._release = release or (lambda dropped, kept: release_slices(cluster, dropped))
         self._take_back = take_back
         self.current: Layout | None = None
         """The layout made last (what ``trainer.slices`` and ``trainer.mesh`` show)."""
@@ -115,13 +115,13 @@ class Layouts:
 
         Slices taken away are released first (``release``); the state moves
         from the slices kept (each holds a full copy). Slices returning to a
-        runtime that must take them in (:meth:`AbstractCluster.returning_slices`)
+        runtime that must take them in (:meth:`AbstractRejoinCluster.returning_slices`)
         are offered as healthy, and taken back in with ``take_back`` when the
         plugins want them (until then they wait).
         """
         layout = state.layout
         healthy = self._hooks.et_slice_health(trainer=self._view)
-        returning = [s for s in self._cluster.returning_slices() if s not in healthy]
+        returning = [s for s in returning_slices(self._cluster) if s not in healthy]
         target = self._hooks.et_propose_resize(trainer=self._view, healthy_slices=sorted({*healthy, *returning}))
         target = layout.slices if target is None else tuple(sorted(target))
         if set(returning) & set(target):

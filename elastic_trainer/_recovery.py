@@ -22,7 +22,7 @@ import jax
 import pluggy
 from jaxtyping import PyTree
 
-from .clusters import AbstractCluster
+from .clusters import AbstractCluster, AbstractInjectableCluster, AbstractRejoinCluster, returning_slices
 from ._failures import (
     ConfigError, Failure, PluginError, RecoveryPlan, RestartRequested, SliceLostError, TrainingStopped,
 )
@@ -180,20 +180,23 @@ def _waits_in_vain(ctx: RunContext, plan: RecoveryPlan, total: int) -> bool:
     healthy = ctx.cluster.healthy_slices()
     waits = plan.wait_for_all_s and len(healthy) < total or plan.wait_for_min_s and len(healthy) < plan.min_slices
     lost = [s for s in range(total) if s not in healthy]
-    return bool(waits) and not ctx.cluster.lost_slices_return(lost, within_s=max(plan.wait_for_all_s,
-                                                                                  plan.wait_for_min_s))
+    rejoins = isinstance(ctx.cluster, AbstractRejoinCluster)  # elsewhere a lost slice may come back any time
+    return bool(waits) and rejoins and not ctx.cluster.lost_slices_return(
+        lost, within_s=max(plan.wait_for_all_s, plan.wait_for_min_s))
 
 
 def wait_for_slices(ctx: RunContext, timeout_s: float, *, until: int) -> list[int]:
     """Poll ``et_slice_health`` until at least ``until`` slices are healthy or ``timeout_s`` passed; the healthy
-    slices, with those returning (:meth:`AbstractCluster.returning_slices`: taken back in once recovered)."""
+    slices, with those returning (:func:`~elastic_trainer.clusters.returning_slices`: taken back in once
+    recovered)."""
     with ctx.clock.measure("waiting_for_slices"):
         deadline = time.monotonic() + timeout_s
-        healthy = [*ctx.hooks.et_slice_health(trainer=ctx.view), *ctx.cluster.returning_slices()]
+        healthy = [*ctx.hooks.et_slice_health(trainer=ctx.view), *returning_slices(ctx.cluster)]
         while len(healthy) < until and time.monotonic() < deadline:
             time.sleep(min(HEALTH_POLL_S, max(0.0, deadline - time.monotonic())))
-            ctx.cluster.await_returns()
-            healthy = [*ctx.hooks.et_slice_health(trainer=ctx.view), *ctx.cluster.returning_slices()]
+            if isinstance(ctx.cluster, AbstractRejoinCluster):
+                ctx.cluster.await_returns()
+            healthy = [*ctx.hooks.et_slice_health(trainer=ctx.view), *returning_slices(ctx.cluster)]
     return sorted(set(healthy))
 
 
@@ -265,11 +268,13 @@ def _recover_from(ctx: TrainingContext, failure: Failure, index: int, error: Exc
             "the traditional way; select one with +strategy=NAME to keep training through failures."
         ) from error
     plan, healthy = carry_out(ctx, plan, index, error=error, restart=lambda: restart(ctx, index, state, error=error))
-    returning = [s for s in healthy if s in ctx.cluster.returning_slices()]  # taken back in once recovered
+    returning = [s for s in healthy if s in returning_slices(ctx.cluster)]  # taken back in once recovered
     healthy = [s for s in healthy if s not in returning]
     lost = lost_slices(ctx, old.slices, failure.slices, state.incarnations)  # more may have failed meanwhile
     gone = gone_slices(state, lost)
-    arrays = ctx.cluster.surviving(state.arrays, gone)  # what lived on lost slices is gone
+    arrays = state.arrays
+    if isinstance(ctx.cluster, AbstractInjectableCluster):
+        arrays = ctx.cluster.surviving(arrays, gone)  # what lived on lost slices is gone (where simulated)
     ctx.failures.amend(index, slices=lost)
     survivors = [s for s in old.slices if s not in gone] if state.whole else []
     begin = time.time()

@@ -23,6 +23,7 @@ import jax
 from jaxtyping import PyTree
 
 from ._failures import TrainingStopped
+from .clusters import SyncCall
 from ._mesh import keep_slices
 from ._records import Layout, RestoredFrom
 from .checkpoints._run_checkpoints import NoReadableCheckpoint
@@ -88,7 +89,7 @@ class _InMemorySource(RestoreSource):
         with ctx.clock.measure(self.measured_as):
             arrays = jax.device_put(self._arrays(ctx, request), request.new.shardings)
             jax.block_until_ready(arrays)
-            ctx.cluster.check_step(request.new.slices, since=request.since)
+            ctx.cluster.synchronize(SyncCall.MEMORY_RESTORE, request.new.slices, since=request.since)
         ctx.hooks.et_after_restore(trainer=ctx.view, step=step, source=self.name,
                                    state=eqx.combine(arrays, ctx.static))
         return Restored(arrays, self.name, step)

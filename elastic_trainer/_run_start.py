@@ -23,6 +23,7 @@ from ._step_runner import StepRunner
 from ._stragglers import StragglerWatch
 from ._take_back import take_back
 from ._watchdog import Watchdog
+from .clusters import AbstractMultiControllerCluster, admission_of
 
 if TYPE_CHECKING:
     from ._trainer import Trainer
@@ -33,7 +34,7 @@ def start_run(trainer: Trainer, *, watchdog: Watchdog, failures: FailureLog) -> 
     and build the run's collaborators; the run's context and the state's arrays, on no layout yet."""
     clock = GoodputClock(trainer.started_at)
     with clock.measure("startup"):
-        if trainer.checkpointer and not trainer.resume and not trainer.cluster.admission:  # a replacement goes on
+        if trainer.checkpointer and not trainer.resume and not admission_of(trainer.cluster):  # a replacement goes on
             refuse_to_overwrite(trainer.checkpointer)
         trainer.cluster.configure_jax()
         state = init_train_state(trainer.model, trainer.optimizer,
@@ -44,8 +45,9 @@ def start_run(trainer: Trainer, *, watchdog: Watchdog, failures: FailureLog) -> 
         sample = jax.tree.map(np.asarray, trainer.data.get_batch(np.zeros(1, dtype=np.int64)))
         functions = make_step_functions(trainer.loss_fn, trainer.optimizer, static, arrays)
         check_fits(functions, arrays, sample)
+        split = isinstance(trainer.cluster, AbstractMultiControllerCluster)  # each process runs its own part
         step_cache = StepCache(functions, arrays, sample, within_slice=trainer.within_slice,
-                               max_layouts=trainer.max_cached_layouts, split=trainer.cluster.independent_processes)
+                               max_layouts=trainer.max_cached_layouts, split=split)
     checkpoints = _run_checkpoints(trainer, clock, static)
     layouts = Layouts(cluster=trainer.cluster, hooks=trainer.hook, view=trainer, clock=clock, steps=step_cache,
                       global_batch_size=trainer.global_batch_size, release=checkpoints and checkpoints.release,

@@ -58,7 +58,7 @@ class StepCache:
 
     A layout's step is a :class:`FusedStep`, one program with the state
     donated, or with ``split`` a :class:`SplitStep`, its gradients and its
-    update (:attr:`~elastic_trainer.AbstractCluster.independent_processes`).
+    update (an :class:`~elastic_trainer.AbstractMultiControllerCluster`).
 
     :param functions: the step's pure functions (see :func:`make_step_functions`).
     :param arrays: the state's arrays, or abstract ones: shapes and dtypes.

@@ -9,9 +9,10 @@ import jax
 import numpy as np
 from jaxtyping import PyTree
 
-from .clusters import AbstractCluster
+from .clusters import (AbstractCluster, AbstractInjectableCluster, AbstractMultiControllerCluster, AbstractTimedCluster,
+                       SyncCall)
 from ._data import AbstractDataset, sample_ids
-from ._failures import SliceLostError, StepInterrupted, StepTimeoutError
+from ._failures import SliceLostError, StepInterrupted, StepTimeoutError, SyncMismatchError
 from ._mesh import batch_sharding
 from ._records import Layout
 from ._watchdog import Watchdog
@@ -43,7 +44,9 @@ class StepRunner:
     layout, as a hand-written loop does; a batch read for a layout or
     position that is not the next step's (a failure changed them) is dropped.
 
-    :param cluster: told when a step is launched and dispatched, and checked after each wait.
+    :param cluster: checked after each step's wait; told when a step is launched (an injectable cluster, which
+        refuses a launch on a slice it lost) and dispatched (a timed one), and asked to explain a failed wait (a
+        multi-controller one).
     :param data: where the samples come from.
     :param watchdog: ends a wait that hangs.
     :param sample: a batch of one sample (an array or a pytree of them), for the batch's structure and shapes.
@@ -55,6 +58,9 @@ class StepRunner:
     def __init__(self, cluster: AbstractCluster, data: AbstractDataset, watchdog: Watchdog, sample: PyTree, *,
                  hooks: Any, view: object, structure: Any, seed: int):
         self._cluster = cluster
+        self._injectable = cluster if isinstance(cluster, AbstractInjectableCluster) else None
+        self._timed = cluster if isinstance(cluster, AbstractTimedCluster) else None
+        self._multi_controller = cluster if isinstance(cluster, AbstractMultiControllerCluster) else None
         self._data = data
         self._watchdog = watchdog
         leaves, self._structure = jax.tree.flatten(sample)
@@ -107,12 +113,14 @@ class StepRunner:
 
     def launching(self) -> None:
         """Before the step's first dispatch: a slice known to be lost raises, the state still whole."""
-        layout, since, _, _ = self._running
-        self._cluster.check_launch(layout.slices, since=since)
+        if self._injectable is not None:
+            layout, since, _, _ = self._running
+            self._injectable.check_launch(layout.slices, since=since)
 
     def dispatched(self) -> None:
         """The step runs: tell the cluster, and read the next step's batch meanwhile."""
-        self._cluster.step_dispatched()
+        if self._timed is not None:
+            self._timed.step_dispatched()
         layout, _, _, next_position = self._running
         if next_position is not None:
             self._next = self._read_batch(layout, next_position)
@@ -130,20 +138,21 @@ class StepRunner:
         self._hooks.et_before_update(trainer=self._view, step=self._running[2])
 
     def wait(self, pending: list[jax.Array], *, end: bool) -> None:
-        """Wait for ``pending`` under the watchdog, then check the cluster (``check_step`` at the step's ``end``,
-        else ``check_gradients``); a failure that lost slices may explain is explained first."""
+        """Wait for ``pending`` under the watchdog, and at the step's ``end`` synchronize (``SyncCall.STEP_END``); a
+        multi-controller cluster explains a failure that lost slices may explain first."""
         layout, since, _, _ = self._running
-        check = self._cluster.check_step if end else self._cluster.check_gradients
 
         def wait_and_check() -> None:
             jax.block_until_ready(pending)
-            check(layout.slices, since=since)
+            if end:
+                self._cluster.synchronize(SyncCall.STEP_END, layout.slices, since=since)
 
         try:
             self._watchdog.wait(wait_and_check)
         except Exception as error:
-            if isinstance(error, StepTimeoutError) or not isinstance(error, SliceLostError):
-                self._cluster.explain_failure(error, layout.slices, since=since, pending=pending)
+            hardware = isinstance(error, StepTimeoutError) or not isinstance(error, (SliceLostError, SyncMismatchError))
+            if hardware and self._multi_controller is not None:
+                self._multi_controller.explain_failure(error, layout.slices, since=since, pending=pending)
             raise
 
     # ------------------------------------------------------------------ state and batches

@@ -1,6 +1,6 @@
 """Stragglers: slices alive but slower than the others, found from each slice's own time in a step.
 
-The cluster measures the time (:meth:`AbstractCluster.slice_step_seconds`);
+The cluster measures the time (:meth:`AbstractTimedCluster.slice_step_seconds`);
 every process sees the same times, so every process finds the same
 stragglers at the same step, and a strategy acting on them
 (``scale_down`` with ``strategy.drop_stragglers=true``) makes the same

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 import jax
 from jaxtyping import PyTree
 
-from .clusters import Admission
+from .clusters import AbstractRejoinCluster, Admission, SyncCall
 from .clusters._rejoin import compile_from_peers, donor_of, from_host, to_host
 from ._records import Layout, LoopState
 
@@ -21,7 +21,7 @@ def take_back(ctx, state: LoopState, slices: Sequence[int], returning: Sequence[
 
     The saves under way commit first; the state goes to host memory (this
     process's shards); the cluster restarts the backend with the
-    replacements (:meth:`~elastic_trainer.clusters.MultiprocessCluster.take_in`),
+    replacements (:meth:`~elastic_trainer.AbstractRejoinCluster.take_in`),
     every compiled step forgotten once the compile under way has ended; then
     the layout of ``slices`` is made on the new backend and the state moves to
     it, the returning slices' part from a live slice's (:func:`share_state`).
@@ -35,6 +35,7 @@ def take_back(ctx, state: LoopState, slices: Sequence[int], returning: Sequence[
     with ctx.clock.measure("remesh"):
         host = to_host(state.arrays)
         group = ctx.checkpoints.checkpointer.groups + 1 if ctx.checkpoints else 0
+        assert isinstance(ctx.cluster, AbstractRejoinCluster)  # the only kind whose slices return
         joined = ctx.cluster.take_in(slices, step=state.step, position=state.position, checkpoint_group=group,
                                      before_restart=ctx.step_cache.restart)
     if not joined:  # the replacements did not come: the job goes on as it was
@@ -68,10 +69,10 @@ def share_state(ctx, arrays: PyTree, layout: Layout, donor: int) -> PyTree:
     """
     with ctx.clock.measure("remesh"):
         spread = compile_from_peers(arrays, layout.shardings, donor)
-        ctx.cluster.check_step(layout.slices, since=ctx.cluster.incarnations())
+        ctx.cluster.synchronize(SyncCall.STATE_SHARING, layout.slices, since=ctx.cluster.incarnations())
         arrays = spread(arrays)
         jax.block_until_ready(arrays)
-        ctx.cluster.check_step(layout.slices, since=ctx.cluster.incarnations())
+        ctx.cluster.synchronize(SyncCall.STATE_SHARED, layout.slices, since=ctx.cluster.incarnations())
     if ctx.checkpoints is not None:
         ctx.checkpoints.regroup(slices=layout.slices, since=ctx.cluster.incarnations())
     return arrays

@@ -23,7 +23,7 @@ from jax.sharding import Mesh
 from jaxtyping import PyTree
 
 from .checkpoints._checkpointer import Checkpointer
-from .clusters import AbstractCluster, SimulatedCluster
+from .clusters import AbstractCluster, AbstractTimedCluster, SimulatedCluster, SyncCall, admission_of
 from ._data import AbstractDataset
 from ._failures import ConfigError, PluginError, RestartRequested, StepInterrupted, TrainingStopped
 from ._ledger import SampleLedger
@@ -102,7 +102,8 @@ def _commit(trainer: Trainer, state: LoopState, done: StepResult, *, interrupted
                           incarnations=state.incarnations, save_due=save_due, at_boundary=not save_due)
     trainer.hook.et_step_end(trainer=trainer, step=step + 1, metrics=done.metrics)
     if not interrupted:
-        ctx.stragglers.observe(step + 1, trainer.cluster.slice_step_seconds())
+        timed = isinstance(trainer.cluster, AbstractTimedCluster)
+        ctx.stragglers.observe(step + 1, trainer.cluster.slice_step_seconds() if timed else {})
         ctx.layouts.compile_likely(layout)  # once per layout: for a new one (a recovery's, a resize's), now
         ctx.snapshots.take(step + 1, done.leaves)
     return committed
@@ -315,7 +316,7 @@ class Trainer:
         """Start JAX, build the run's collaborators and the first layout; the loop's first state."""
         self._ctx, arrays = start_run(self, watchdog=self._watchdog, failures=self._failures)
         ctx, clock = self._ctx, self._ctx.clock
-        incarnations, joined = self.cluster.incarnations(), self.cluster.admission  # as of the state in hand
+        incarnations, joined = self.cluster.incarnations(), admission_of(self.cluster)  # as of the state in hand
         layout = ctx.layouts.make(joined.slices if joined else range(len(self.cluster.slice_devices())))
         with clock.measure("startup"):
             arrays = put_on(arrays, layout.shardings)
@@ -323,7 +324,7 @@ class Trainer:
         if joined:  # a replacement: the state comes from the live processes
             return join(ctx, arrays, layout, joined)
         with clock.measure("startup"):
-            self.cluster.check_step(layout.slices, since=incarnations)  # with several processes: all ready
+            self.cluster.synchronize(SyncCall.RUN_START, layout.slices, since=incarnations)  # every process ready
             if not self.resume:  # the first snapshot: a step that fails before the first period ends starts over
                 ctx.snapshots.take(0, jax.tree.leaves(arrays))
         resume_from = self.checkpointer.latest_step() if self.resume else None

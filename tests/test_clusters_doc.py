@@ -21,6 +21,9 @@ def public_members(cls, *, below=object):
 
 @pytest.mark.parametrize(("cls", "below"), [
     (et.AbstractCluster, object),
+    (et.AbstractTimedCluster, et.AbstractCluster),
+    (et.AbstractMultiControllerCluster, et.AbstractCluster),
+    (et.AbstractRejoinCluster, et.AbstractMultiControllerCluster),
     (et.AbstractInjectableCluster, et.AbstractCluster),
     (et.AbstractProcessInjectableCluster, et.AbstractInjectableCluster),
     (PlatformLayer, object),
@@ -41,3 +44,11 @@ def test_every_linked_file_exists():
     links = re.findall(r"\]\((\.\./[^)]+)\)", DOC.read_text())
     assert len(links) > 10
     assert [link for link in links if not (DOC.parent / link).exists()] == []
+
+
+def test_the_core_is_small_and_capabilities_are_asked_for_with_isinstance():
+    assert public_members(et.AbstractCluster) == [
+        "configure_jax", "describe", "healthy_slices", "incarnations", "slice_devices", "synchronize", "kind"]
+    assert not isinstance(et.SimulatedCluster(slices=2, devices_per_slice=1), et.AbstractMultiControllerCluster)
+    assert issubclass(et.MultiprocessCluster, et.AbstractRejoinCluster)
+    assert issubclass(et.MultiprocessCluster, et.AbstractTimedCluster)

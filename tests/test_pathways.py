@@ -30,7 +30,7 @@ class FakePathways(et.PathwaysCluster):
         devices = jax.devices()
         super().__init__(FakeHealthChecker, {index: devices[2 * i: 2 * i + 2] for i, index in enumerate(PATHWAYS_INDICES)})
 
-    def check_step(self, slices, *, since):
+    def synchronize(self, call, slices, *, since):
         if any(PATHWAYS_INDICES[s] in DOWN for s in slices):
             raise jax.errors.JaxRuntimeError("NOT_FOUND: the devices of slice 11 are unreachable")
 

@@ -14,7 +14,7 @@ from jaxtyping import PyTree
 from ._checkpointer import Checkpointer
 from ._failed_writes import SaveEnded
 from ._checksums import ChecksumMismatch
-from ..clusters import AbstractCluster
+from ..clusters import AbstractCluster, AbstractMultiControllerCluster, SyncCall, release as release_slices
 from .._failures import CheckpointWarning, ConfigError, SliceLostError, TrainingStopped
 from .._goodput import GoodputClock
 from .._records import LoopState
@@ -107,19 +107,19 @@ class RunCheckpoints:
             ended = [outcome for outcome in [self.checkpointer.wait()] if outcome is not None]
             if self._failures_in_a_row_after(ended) < self.checkpointer.max_failed_saves:
                 self.checkpointer.prepare_save(state.arrays)
-                self._cluster.check_step(slices, since=state.incarnations)  # every process ready: its collectives
+                self._cluster.synchronize(SyncCall.SAVE_START, slices, since=state.incarnations)  # all ready
                 # last before Orbax: a failure injected here lands after the processes agreed on who lives, where
                 # only the save's own barriers find it (bounded by cluster.barrier_timeout_s)
                 self._hooks.et_before_checkpoint_save(trainer=self._view, step=step)
                 ended += self.checkpointer.save(step, state.arrays, metadata)
         except Exception:
             try:
-                self._cluster.check_step(slices, since=state.incarnations)  # a lost slice explains the failure
+                self._cluster.synchronize(SyncCall.SAVE_END, slices, since=state.incarnations)  # a loss explains it
             finally:
                 self.discard(step, slices=slices, since=state.incarnations)
             raise
         try:
-            self._cluster.check_step(slices, since=state.incarnations)  # a slice lost meanwhile voids the save
+            self._cluster.synchronize(SyncCall.SAVE_END, slices, since=state.incarnations)  # a loss voids the save
         except Exception:
             self.discard(step, slices=slices, since=state.incarnations)
             raise
@@ -180,31 +180,32 @@ class RunCheckpoints:
         self.checkpointer.discard(step)
 
     def release(self, dropped: Sequence[int], kept: Sequence[int]) -> None:
-        """Let slices ``dropped`` go at a step boundary (:meth:`AbstractCluster.release`: their processes may leave
-        the job), once the saves under way have committed; later saves go over the live processes of ``kept``."""
+        """Let slices ``dropped`` go at a step boundary (:func:`~elastic_trainer.clusters.release`: their processes
+        may leave the job), once the saves under way have committed; later saves go over the live processes of ``kept``."""
         stopped = self.finish_saving(None)  # a failed save is listed like any other
         if stopped is not None:
             raise stopped
-        self._cluster.release(dropped)
+        release_slices(self._cluster, dropped)
         self.regroup(slices=kept, since=self._cluster.incarnations())
 
     def regroup(self, *, slices: Sequence[int], since: tuple[int, ...]) -> None:
-        """Once processes are lost, save over the live ones only (the cluster's :meth:`live_processes`).
+        """Once processes are lost, save over the live ones only (a multi-controller cluster's
+        :meth:`~AbstractMultiControllerCluster.live_processes`).
 
-        A cluster of one process never regroups, even when every slice is lost.
+        A cluster driven by one process never regroups, even when every slice is lost.
         A process that dies while the survivors form the group fails it (after
         the group's timeout); the processes then agree again on who lives, and
         that new loss is raised, to be recovered from like any other (the
         recovery regroups anew). Any other failure to form the group stands.
         """
-        live = self._cluster.live_processes()
-        if live is None:
+        if not isinstance(self._cluster, AbstractMultiControllerCluster):
             return
+        live = self._cluster.live_processes()
         try:
             self.checkpointer.save_over(live)
         except Exception as error:
             try:
-                self._cluster.check_step(slices, since=since)
+                self._cluster.synchronize(SyncCall.CHECKPOINT_GROUP, slices, since=since)
             except SliceLostError as lost:
                 if self._cluster.live_processes() < live:
                     raise lost from error
@@ -231,7 +232,7 @@ class RunCheckpoints:
             except ConfigError:
                 raise  # another model's checkpoint: the wrong directory or model, not damage
             except Exception as error:  # noqa: BLE001 - a truncated or corrupt checkpoint: try the one before
-                self._cluster.check_step(slices, since=since)  # unless a slice lost meanwhile explains it
+                self._cluster.synchronize(SyncCall.CHECKPOINT_RESTORE, slices, since=since)  # unless a loss explains it
                 self.checkpointer.mark_unreadable(step)
                 skipped.append((step, str(error) if isinstance(error, ChecksumMismatch) else _first_line(error)))
                 continue
@@ -244,7 +245,7 @@ class RunCheckpoints:
                     CheckpointWarning,
                     stacklevel=2,
                 )
-            self._cluster.check_step(slices, since=since)
+            self._cluster.synchronize(SyncCall.CHECKPOINT_RESTORE, slices, since=since)
             self._hooks.et_after_restore(
                 trainer=self._view, step=step, source="checkpoint", state=eqx.combine(arrays, self._static)
             )

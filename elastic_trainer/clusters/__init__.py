@@ -3,7 +3,14 @@
 from ._base import (
     AbstractCluster as AbstractCluster,
     AbstractInjectableCluster as AbstractInjectableCluster,
+    AbstractMultiControllerCluster as AbstractMultiControllerCluster,
     AbstractProcessInjectableCluster as AbstractProcessInjectableCluster,
+    AbstractRejoinCluster as AbstractRejoinCluster,
+    AbstractTimedCluster as AbstractTimedCluster,
+    SyncCall as SyncCall,
+    admission_of as admission_of,
+    release as release,
+    returning_slices as returning_slices,
 )
 from ._multiprocess import MultiprocessCluster as MultiprocessCluster
 from ._rejoin import Admission as Admission

@@ -1,28 +1,49 @@
-"""Clusters: where the devices come from and how they group into slices."""
+"""Clusters: where the devices come from and how they group into slices.
+
+:class:`AbstractCluster` is what every backend provides; what only some can do is a capability class the trainer
+asks for with ``isinstance`` (docs/clusters.md).
+"""
 
 from __future__ import annotations
 
 import abc
+import enum
 from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 import jax
 from jaxtyping import PyTree
 
 from .._failures import ConfigError
 
+if TYPE_CHECKING:
+    from ._rejoin import Admission
+
+
+class SyncCall(enum.Enum):
+    """The named synchronization calls (:meth:`AbstractCluster.synchronize`), each worded for "made at ...".
+
+    A call's branches on success and on failure share its name: a process
+    whose save failed and one whose save went through make the same call.
+    """
+
+    RUN_START = "the run's start"
+    STEP_END = "a step's end"
+    SAVE_START = "a checkpoint save's start"
+    SAVE_END = "a checkpoint save's end"
+    CHECKPOINT_GROUP = "a checkpoint group's forming"
+    CHECKPOINT_RESTORE = "a checkpoint's restore"
+    MEMORY_RESTORE = "a restore from memory"
+    STATE_SHARING = "the sharing of the state with replacements, compiled"
+    STATE_SHARED = "the sharing of the state with replacements, done"
+    AWAIT_RETURNS = "a wait for lost slices"
+
 
 class AbstractCluster(abc.ABC):
-    """A set of devices grouped into slices of equal size."""
+    """A set of devices grouped into slices of equal size, driven by one controller unless it is an
+    :class:`AbstractMultiControllerCluster`."""
 
     kind: str
-
-    independent_processes: bool = False
-    """Whether each process runs its own part of every program (JAX's multi-controller runtime): then a program
-    with no collective ends on the processes that live when another dies, and a step is two programs, its
-    gradients (the collective) and its update (the state donated, no collective), so that a process lost
-    during the update leaves the others the state after the step. ``False`` (the default) for a single
-    controller, where one program over every slice fails as a whole: a step is one program, the state donated,
-    as in a hand-written loop (docs/architecture.md, "The step")."""
 
     @abc.abstractmethod
     def configure_jax(self) -> None:
@@ -48,53 +69,55 @@ class AbstractCluster(abc.ABC):
         """
         return (0,) * len(self.slice_devices())
 
-    def check_step(self, slices: Sequence[int], *, since: tuple[int, ...]) -> None:
-        """Raise what the hardware raises if a slice in ``slices`` was lost during the step.
+    def synchronize(self, call: SyncCall, slices: Sequence[int], *, since: tuple[int, ...]) -> None:
+        """The one synchronization call, made at ``call``: raise what the hardware raises if a slice in ``slices``
+        was lost since :meth:`incarnations` were ``since`` (a :class:`~elastic_trainer.SliceLostError`).
 
-        ``since`` holds the :meth:`incarnations` as of the state the step
-        started from. Real runtimes raise from the step itself, so by default
+        On several processes it is also where the live ones agree on who
+        lives, and every live process must make the same calls in the same
+        order (a :class:`~elastic_trainer.SyncMismatchError` if not). Real
+        single-controller runtimes raise from the step itself, so by default
         this does nothing.
         """
 
-    def check_launch(self, slices: Sequence[int], *, since: tuple[int, ...]) -> None:
-        """Raise what the runtime raises when a step is launched on ``slices`` while one of them is known to be
-        lost: before the step takes the state, which stays whole.
 
-        ``since`` is as for :meth:`check_step`. Real runtimes refuse the launch
-        themselves, so by default this does nothing.
-        """
+class AbstractTimedCluster(AbstractCluster):
+    """A cluster that times each slice's own part of a step: what finding stragglers needs."""
 
-    def check_gradients(self, slices: Sequence[int], *, since: tuple[int, ...]) -> None:
-        """With :attr:`independent_processes`: raise what the hardware raises if a slice in ``slices`` was lost
-        while a step's gradients were computed (they are ready on this process), before its update consumes
-        the state.
-
-        ``since`` is as for :meth:`check_step`. Real runtimes raise from the
-        gradients' program itself (it spans every slice), so by default this
-        does nothing.
-        """
-
+    @abc.abstractmethod
     def step_dispatched(self) -> None:
-        """Called on the training thread each time a step has been dispatched; by default nothing."""
+        """Called on the training thread each time a step has been dispatched."""
 
+    @abc.abstractmethod
     def slice_step_seconds(self) -> dict[int, float]:
-        """Each slice's own time in the latest step that passed :meth:`check_step`, by slice: from its dispatch
+        """Each slice's own time in the latest step that passed its end's :meth:`synchronize`, by slice: from its dispatch
         until it was done, without the time it waited for the other slices.
 
         Every process must get the same times (stragglers are found from
-        them, the same everywhere). Empty (the default) when the runtime
-        cannot tell the slices apart: one program over every slice ends on
-        every slice at once.
+        them, the same everywhere); empty while there are none.
         """
-        return {}
 
+
+class AbstractMultiControllerCluster(AbstractCluster):
+    """A cluster where each process runs its own part of every program (JAX's multi-controller runtime).
+
+    A program with no collective then ends on the processes that live when
+    another dies, so a step is two programs, its gradients (the collective)
+    and its update (the state donated, no collective), and a process lost
+    during the update leaves the others the state after the step. On a single
+    controller one program over every slice fails as a whole: a step is one
+    program, the state donated, as in a hand-written loop
+    (docs/architecture.md, "The step").
+    """
+
+    @abc.abstractmethod
+    def live_processes(self) -> frozenset[int]:
+        """The processes that hold a device of a healthy slice, which save checkpoints together."""
+
+    @abc.abstractmethod
     def release(self, slices: Sequence[int]) -> None:
-        """``slices``, healthy, are no longer used (a strategy dropped them at a step boundary).
-
-        By default they stay, idle, and may be used again. A runtime where a
-        process outside the mesh cannot stay in the job has their processes
-        leave it.
-        """
+        """``slices``, healthy, are no longer used (a strategy dropped them at a step boundary): a process
+        outside the mesh cannot stay in the job, so their processes leave it."""
 
     def explain_failure(
         self, error: Exception, slices: Sequence[int], *, since: tuple[int, ...], pending: PyTree
@@ -102,40 +125,35 @@ class AbstractCluster(abc.ABC):
         """A step on ``slices`` raised ``error``; raise a ``DATA_LOSS`` error instead if lost slices explain it.
 
         Called on the training thread when a step's wait raised (a timeout
-        included); ``since`` is as for :meth:`check_step`, ``pending`` the
+        included); ``since`` is as for :meth:`synchronize`, ``pending`` the
         failed step's outputs. By default the error stands as it is.
         """
 
-    def surviving(self, tree: PyTree, lost_slices: Sequence[int]) -> PyTree:
-        """What is left of ``tree`` once ``lost_slices`` are gone.
 
-        On real hardware the lost shards are already unreadable, so by default
-        ``tree`` comes back as it is.
-        """
-        return tree
+class AbstractRejoinCluster(AbstractMultiControllerCluster):
+    """A multi-controller cluster whose lost slices come back into the running job: their processes return as
+    replacements, which the live ones take in at a step boundary."""
 
+    admission: Admission | None = None
+    """In a process that replaces a lost one: how the running job took it in (set when it joined the job, in
+    :meth:`configure_jax`); ``None`` in every other process."""
+
+    @abc.abstractmethod
     def lost_slices_return(self, slices: Sequence[int], *, within_s: float) -> bool:
         """Whether lost ``slices`` can come back into the running job within ``within_s`` seconds. If not, a
         strategy that would wait for them re-forms the whole job instead: the processes exit to be restarted
-        together (see :class:`RecoveryPlan`). ``True`` by default."""
-        return True
+        together (see :class:`RecoveryPlan`)."""
 
+    @abc.abstractmethod
     def await_returns(self) -> None:
         """While a recovery waits for lost slices: learn which have come back (:meth:`returning_slices`). Every
-        live process calls it as often as the others (it may be a barrier). Nothing by default."""
+        live process calls it as often as the others (it may be a barrier)."""
 
-    admission = None
-    """In a process that replaces a lost one: how the running job took it in (a :class:`Admission`, set when it
-    joined the job, in :meth:`configure_jax`); ``None`` in every other process."""
-
+    @abc.abstractmethod
     def returning_slices(self) -> list[int]:
-        """Slices lost earlier whose processes came back and wait to be taken in (:meth:`take_in`).
+        """Slices lost earlier whose processes came back and wait to be taken in (:meth:`take_in`)."""
 
-        Empty by default: on a runtime where a returning slice's devices are
-        as they were, it is simply healthy again.
-        """
-        return []
-
+    @abc.abstractmethod
     def take_in(self, slices: Sequence[int], *, step: int, position: int, checkpoint_group: int,
                 before_restart: Callable[[], None]) -> tuple[int, ...]:
         """At a step boundary the run goes on with ``slices``, some of them returning: take those in; the processes
@@ -143,21 +161,32 @@ class AbstractCluster(abc.ABC):
 
         ``step``, ``position`` and ``checkpoint_group`` are what the
         replacements start from; ``before_restart`` lets go of what runs on
-        the backend before it restarts. Only a cluster with returning slices is asked.
+        the backend before it restarts.
         """
-        raise NotImplementedError(f"{type(self).__name__} has no returning slices to take in")
 
-    def live_processes(self) -> frozenset[int] | None:
-        """The processes that hold a device of a healthy slice, which save checkpoints together.
 
-        ``None`` (the default) for a cluster driven by one process, whose
-        checkpoint group never changes, even when every slice is lost.
-        """
-        return None
+def admission_of(cluster: AbstractCluster) -> Admission | None:
+    """How the running job took this process in, if ``cluster`` is a rejoin cluster's replacement; else ``None``."""
+    return cluster.admission if isinstance(cluster, AbstractRejoinCluster) else None
+
+
+def returning_slices(cluster: AbstractCluster) -> list[int]:
+    """Lost slices back and waiting to be taken in, if ``cluster`` is a rejoin cluster; else none (a slice that
+    comes back to any other cluster is simply healthy again)."""
+    return cluster.returning_slices() if isinstance(cluster, AbstractRejoinCluster) else []
+
+
+def release(cluster: AbstractCluster, slices: Sequence[int]) -> None:
+    """Healthy ``slices`` are no longer used: a multi-controller cluster lets their processes go; on any other
+    cluster they stay, idle, and may be used again."""
+    if isinstance(cluster, AbstractMultiControllerCluster):
+        cluster.release(slices)
 
 
 class AbstractInjectableCluster(AbstractCluster):
-    """A cluster whose slices can be lost on purpose: what failure injection (``+chaos=``) needs."""
+    """A cluster whose slices can be lost on purpose: what failure injection (``+chaos=``) needs. Where the
+    hardware does not really lose them, the cluster also shows what it would (:meth:`check_launch`,
+    :meth:`surviving`)."""
 
     spared_slices: tuple[int, ...] = ()
     """Slices that random failure injection never picks (a slice whose loss would end the job)."""
@@ -179,6 +208,22 @@ class AbstractInjectableCluster(AbstractCluster):
         """
         raise ConfigError(f"{type(self).__name__} cannot slow a slice down; drop the chaos entry's slow key, or "
                           "implement slow_slice on the cluster.")
+
+    def check_launch(self, slices: Sequence[int], *, since: tuple[int, ...]) -> None:
+        """Raise what the runtime raises when a step is launched on ``slices`` while one of them is known to be
+        lost: before the step takes the state, which stays whole.
+
+        ``since`` is as for :meth:`synchronize`. Real runtimes refuse the launch
+        themselves, so by default this does nothing.
+        """
+
+    def surviving(self, tree: PyTree, lost_slices: Sequence[int]) -> PyTree:
+        """What is left of ``tree`` once ``lost_slices`` are gone.
+
+        On real hardware the lost shards are already unreadable, so by default
+        ``tree`` comes back as it is.
+        """
+        return tree
 
 
 class AbstractProcessInjectableCluster(AbstractInjectableCluster):

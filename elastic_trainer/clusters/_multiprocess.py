@@ -16,7 +16,8 @@ import psutil
 from jax.experimental.multihost_utils import ProcessFailureError, live_devices
 from jaxtyping import PyTree
 
-from ._base import AbstractProcessInjectableCluster
+from ._base import AbstractProcessInjectableCluster, AbstractRejoinCluster, AbstractTimedCluster, SyncCall
+from ._call_order import CallOrder
 from .._failures import ConfigError, SliceLostError, StepTimeoutError
 from .._private_apis import backends_started, bound_orbax_barriers, coordination_client
 from ._coordinator import DEFAULT_HEARTBEAT_TIMEOUT_S, KEY_PREFIX, join_job, noted
@@ -96,7 +97,8 @@ def _configure_runtime(
     bound_orbax_barriers(barrier_timeout_s)
 
 
-class MultiprocessCluster(ProcessRejoin, ProcessFailureInjection, AbstractProcessInjectableCluster):
+class MultiprocessCluster(ProcessRejoin, ProcessFailureInjection, AbstractRejoinCluster,
+                          AbstractProcessInjectableCluster, AbstractTimedCluster):
     """Slices made of processes of a multi-controller JAX job (``jax.distributed``).
 
     Every process runs the same training loop on its own devices; a slice is
@@ -140,7 +142,6 @@ class MultiprocessCluster(ProcessRejoin, ProcessFailureInjection, AbstractProces
     """
 
     kind = "multiprocess"
-    independent_processes = True  # each process runs its own part of every program
 
     def __init__(
         self,
@@ -181,6 +182,7 @@ class MultiprocessCluster(ProcessRejoin, ProcessFailureInjection, AbstractProces
         self._dispatched = 0  # steps dispatched by this process
         self._dispatched_at = time.monotonic()  # when it dispatched the latest
         self._own_times = OwnStepTimes(self._client, KEY_PREFIX, jax.process_index)
+        self._call_order = CallOrder(self._client, jax.process_index)
         self._step_seconds: dict[int, float] = {}
 
     # ------------------------------------------------------------------ start-up
@@ -272,13 +274,14 @@ class MultiprocessCluster(ProcessRejoin, ProcessFailureInjection, AbstractProces
         """The processes of the healthy slices."""
         return frozenset(p for s in self.healthy_slices() for p in self.processes_of(s))
 
-    def check_step(self, slices: Sequence[int], *, since: tuple[int, ...]) -> None:
-        """Agree with the other live processes on who lives (a barrier); raise ``DATA_LOSS`` for slices lost.
+    def synchronize(self, call: SyncCall, slices: Sequence[int], *, since: tuple[int, ...]) -> None:
+        """Agree with the other live processes on who lives (a barrier), each having made the same ``call``;
+        raise ``DATA_LOSS`` for slices lost.
 
         The step's own time of each process is exchanged at the same barrier (:meth:`slice_step_seconds`).
         """
         timed = self._own_times.note(self._dispatched)
-        self._agree_on_live_processes()
+        self._agree_on_live_processes(call)
         live = [(s, self.processes_of(s)) for s in self.healthy_slices()]
         self._step_seconds = self._own_times.read(self._dispatched, live) if timed else {}
         healthy = set(self.healthy_slices())
@@ -318,7 +321,7 @@ class MultiprocessCluster(ProcessRejoin, ProcessFailureInjection, AbstractProces
         draining.start()
         self._kill_stuck_processes()
         try:
-            self.check_step(slices, since=since)
+            self.synchronize(SyncCall.STEP_END, slices, since=since)  # the failed step's end
         finally:
             draining.join(self.collective_timeout_s + 5)
         if "timed out" in str(error).lower():  # every process lives: a peer was only slow (a busy machine)
@@ -328,15 +331,18 @@ class MultiprocessCluster(ProcessRejoin, ProcessFailureInjection, AbstractProces
                 slices=(),
             ) from error
 
-    def _agree_on_live_processes(self) -> None:
-        """Wait for every live process here (``live_devices``' barrier); note who died since last time."""
+    def _agree_on_live_processes(self, call: SyncCall) -> None:
+        """Wait for every live process here (``live_devices``' barrier), each having made the same ``call`` under
+        the agreement's number (:class:`CallOrder`); note who died since last time."""
         devices = [d for group in self.slice_devices() for d in group if d.process_index in self._live]
         self._offer_returns()
+        self._call_order.note(self._agreements, call)
         try:
             with live_devices(devices):
                 pass
             self._hear_returns()
-        except ProcessFailureError as failure:
+            self._call_order.check(self._agreements, call, self._live)
+        except ProcessFailureError as failure:  # a loss explains any difference in the calls
             dead = {device.process_index for device in failure.failed_devices} & self._live
             for process in sorted(dead):
                 down_at = noted(self._client(), f"down/{process}")  # failure injection says when

@@ -29,6 +29,7 @@ from jaxtyping import PyTree
 
 from .._mesh import SLICE_AXIS
 from .._private_apis import own_process_id
+from ._base import SyncCall
 from ._coordinator import KEY_PREFIX, noted
 from ._platform import PLATFORM_LAYERS, PlatformLayer
 
@@ -201,8 +202,6 @@ class ProcessRejoin:
     ``_leave_with_lost_slice`` it uses.
     """
 
-    admission: Admission | None = None
-    """In a replacement: how the live processes took it in (after :meth:`configure_jax`); ``None`` elsewhere."""
     platform_layer: PlatformLayer = PLATFORM_LAYERS["cpu"]
     """What restarts the backend at a rejoin (the cluster's ``cluster.platform``)."""
     _returning: frozenset[int] = frozenset()  # processes that asked to join, as the live ones agreed
@@ -286,7 +285,7 @@ class ProcessRejoin:
 
     def await_returns(self) -> None:
         """The live processes agree on who lives (a barrier), and so on the replacements that asked to join."""
-        self._agree_on_live_processes()
+        self._agree_on_live_processes(SyncCall.AWAIT_RETURNS)
 
     def returning_slices(self) -> list[int]:
         """Slices whose every process is a replacement that asked to join."""

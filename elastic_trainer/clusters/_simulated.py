@@ -11,10 +11,10 @@ from jaxtyping import PyTree
 
 from .._failures import ConfigError, SliceLostError
 from ..config._settings import check_simulated_settings
-from ._base import AbstractInjectableCluster
+from ._base import AbstractInjectableCluster, AbstractTimedCluster, SyncCall
 
 
-class SimulatedCluster(AbstractInjectableCluster):
+class SimulatedCluster(AbstractInjectableCluster, AbstractTimedCluster):
     """Slices made of CPU devices in this process, standing in for accelerator slices.
 
     :param slices: number of slices (data parallel across them).
@@ -113,7 +113,7 @@ class SimulatedCluster(AbstractInjectableCluster):
             raise SliceLostError(f"DATA_LOSS: simulated slice(s) {lost} lost before the step was launched",
                                  slices=lost)
 
-    def check_step(self, slices: Sequence[int], *, since: tuple[int, ...]) -> None:
+    def synchronize(self, call: SyncCall, slices: Sequence[int], *, since: tuple[int, ...]) -> None:
         """Wait for the hung slices of ``slices`` to come back, then raise ``DATA_LOSS`` for those lost since
         ``since``; each slice's own time in the step is known then."""
         if tuple(self._failures) != since:

@@ -12,7 +12,7 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig
 
 from ..checkpoints._checkpointer import Checkpointer
-from ..clusters import Admission
+from ..clusters import Admission, admission_of
 from .._failures import ConfigError
 from .._stragglers import StragglerRule
 from .._trainer import Trainer
@@ -35,7 +35,7 @@ def build_trainer(
     if cfg.trainer.compilation_cache_dir:
         use_persistent_compilation_cache(Path(cfg.trainer.compilation_cache_dir).expanduser())
     return Trainer(
-        checkpointer=_checkpointer(cfg.checkpoint, run_dir, admission=cluster.admission),
+        checkpointer=_checkpointer(cfg.checkpoint, run_dir, admission=admission_of(cluster)),
         resume=cfg.checkpoint.resume,
         model=_instantiate(cfg, "model", key=jax.random.fold_in(jax.random.key(cfg.seed), 0)),
         loss_fn=_instantiate(cfg, "loss"),
