@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import datetime
 import os
 import time
 from collections.abc import Collection, Iterator
@@ -13,6 +15,8 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 from jax.experimental import multihost_utils
+from orbax.checkpoint.checkpoint_managers import (AnySavePolicy, DecisionContext, FixedIntervalPolicy,
+                                                  SpecificStepsPolicy)
 from jaxtyping import PyTree
 
 from ._failed_writes import FailedSaves, SaveEnded, log_closed_loop_noise, move_aside
@@ -20,7 +24,7 @@ from ._checksums import CHECKSUMS_KEY, checksums, compile_checksums, verify_chec
 from .._failures import ConfigError
 from ._group_barrier import GroupBarrier, hide_given_up_saves
 from ..clusters._rejoin import Admission
-from ._young_daly import YoungDalyPeriod
+from ._young_daly import YoungDalyPolicy
 from ._orbax_handler import state_handler
 from ..config._settings import check_checkpoint_settings
 
@@ -60,13 +64,27 @@ def orbax_manager(
     )
 
 
+@dataclasses.dataclass(frozen=True)
+class _StepInfo:
+    """A step as Orbax's save decision policies see it (their ``PolicyCheckpointInfo``)."""
+
+    step: int
+    time: datetime.datetime
+    metrics: dict[str, Any] | None = None
+
+
+_DECISION_CONTEXT = DecisionContext(
+    is_saving_in_progress=False, reached_preemption=False, multiprocessing_options=ocp.options.MultiprocessingOptions())
+"""What the policies that decide the saves are told beside the step: the ones used here read none of it."""
+
+
 class Checkpointer:
     """Saves and restores a train state's arrays, plus JSON metadata, with Orbax.
 
-    A save of step ``s`` happens when ``s`` is a multiple of ``period`` or
-    when forced (the last step). With ``period="auto"`` the steps between
-    saves follow the Young/Daly rule (:class:`YoungDalyPeriod`), re-chosen
-    after every save from its measured cost. Saves are asynchronous by
+    Orbax's save decision policies choose the steps to save (:meth:`due`): a
+    multiple of ``period``, and the run's last. With ``period="auto"`` the
+    steps between saves follow the Young/Daly rule (:class:`YoungDalyPolicy`),
+    re-chosen after every save from its measured cost. Saves are asynchronous by
     default: the step loop waits only while the arrays are copied off the
     devices, and Orbax commits the files in the background. A restore targets
     abstract arrays with the current shardings, so a checkpoint loads onto
@@ -119,8 +137,8 @@ class Checkpointer:
         self.directory = Path(directory).absolute()
         _check_directory(self.directory)
         self.period = period
-        self.auto_period = YoungDalyPeriod(mtbf_s) if period == "auto" else None
-        self._next_auto_step = 1  # the first save measures what a save costs
+        self.save_policy = YoungDalyPolicy(mtbf_s) if period == "auto" else FixedIntervalPolicy(period)
+        """Which steps to save (an Orbax policy): every ``period`` steps, or by the Young/Daly rule."""
         self._unreadable: set[int] = set()
         self._max_to_keep = max_to_keep
         self._async_save = async_save
@@ -200,25 +218,24 @@ class Checkpointer:
         """Whether this process takes part in saves (it is in the group)."""
         return jax.process_index() in self.processes
 
-    def due(self, step: int) -> bool:
-        """Whether step ``step`` is one to save."""
-        if self.auto_period is not None:
-            return step >= self._next_auto_step
-        return step % self.period == 0
+    def due(self, step: int, *, last_step: int | None = None) -> bool:
+        """Whether to save step ``step``: Orbax's :attr:`save_policy`, or it is the run's ``last_step``."""
+        policy = AnySavePolicy([self.save_policy, SpecificStepsPolicy(() if last_step is None else (last_step,))])
+        return policy.should_save(_StepInfo(step, datetime.datetime.now(datetime.timezone.utc)), previous_steps=(),
+                                  context=_DECISION_CONTEXT)
 
     def saved(self, step: int, *, blocked_s: float, step_times_s: list[float], elapsed_s: float, failures: int) -> None:
         """Note that saving ``step`` blocked the loop ``blocked_s``; with ``period="auto"``, plan the next save."""
-        if self.auto_period is not None:
-            self._next_auto_step = step + self.auto_period.choose(
-                save_cost_s=blocked_s, step_times_s=step_times_s, elapsed_s=elapsed_s, failures=failures
-            )
+        if isinstance(self.save_policy, YoungDalyPolicy):
+            self.save_policy.saved(step, save_cost_s=blocked_s, step_times_s=step_times_s, elapsed_s=elapsed_s,
+                                   failures=failures)
 
     def describe(self) -> dict[str, Any]:
         """The directory and period, for the report; an automatic period says what it chose and why."""
         return {
             "dir": str(self.directory),
             "period": self.period,
-            "auto": None if self.auto_period is None else self.auto_period.choice,
+            "auto": self.save_policy.period.choice if isinstance(self.save_policy, YoungDalyPolicy) else None,
         }
 
     def prepare_save(self, arrays: PyTree) -> None:

@@ -84,10 +84,6 @@ class RunCheckpoints:
         """The saves that failed for I/O, in the order their failures were found."""
         self._failed_in_a_row = 0
 
-    def due(self, step: int, *, last_step: int) -> bool:
-        """Whether to save after ``step``: at the checkpointer's period, and always at the last step."""
-        return self.checkpointer.due(step) or step == last_step
-
     def save(self, state: LoopState, *, step_times_s: list[float], failures: int) -> None:
         """Save ``state``; if a slice is lost meanwhile, the save is discarded and the failure raised.
 

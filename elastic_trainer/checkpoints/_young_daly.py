@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import math
 import statistics
+from collections.abc import Sequence
 from typing import Any
+
+from orbax.checkpoint.checkpoint_managers import DecisionContext, PolicyCheckpointInfo, SaveDecisionPolicy
 
 from .._failures import ConfigError
 
@@ -56,6 +59,28 @@ class YoungDalyPeriod:
             ),
         }
         return steps
+
+
+class YoungDalyPolicy(SaveDecisionPolicy):
+    """Orbax's save decision for ``checkpoint.period=auto``: the first step is saved (to measure what a save
+    costs), then each step once :attr:`period` chose after the last save has passed.
+
+    :param mtbf_s: as for :class:`YoungDalyPeriod`.
+    """
+
+    def __init__(self, mtbf_s: float | None = None):
+        self.period = YoungDalyPeriod(mtbf_s)
+        self.next_step = 1
+
+    def should_save(self, step: PolicyCheckpointInfo, previous_steps: Sequence[PolicyCheckpointInfo], *,
+                    context: DecisionContext) -> bool:
+        return step.step >= self.next_step
+
+    def saved(self, step: int, *, save_cost_s: float, step_times_s: list[float], elapsed_s: float,
+              failures: int) -> None:
+        """Step ``step`` was saved at that cost: choose when the next save is due."""
+        self.next_step = step + self.period.choose(save_cost_s=save_cost_s, step_times_s=step_times_s,
+                                                   elapsed_s=elapsed_s, failures=failures)
 
 
 def check_mtbf(mtbf_s: float | None) -> None:
