@@ -11,7 +11,7 @@ import jax
 from jaxtyping import PyTree
 
 from .clusters import AbstractRejoinCluster, Admission, SyncCall
-from .clusters._rejoin import compile_from_peers, donor_of, from_host, to_host
+from .clusters.multicontroller._rejoin import compile_from_peers, donor_of, from_host, to_host
 from ._records import Layout, LoopState
 
 

@@ -15,7 +15,7 @@ import signal
 import sys
 import threading
 
-from .clusters._coordinator import DEFAULT_HEARTBEAT_TIMEOUT_S, serve
+from .clusters.multicontroller._coordinator import DEFAULT_HEARTBEAT_TIMEOUT_S, serve
 
 DEFAULT_PORT = 8476
 """The port JAX's own cluster detection uses for its coordinator when none is given."""

@@ -6,7 +6,7 @@ from test_rejoin import FakeClient
 
 import elastic_trainer as et
 from elastic_trainer_plugins import failures
-from elastic_trainer.clusters._call_order import CallOrder
+from elastic_trainer.clusters.multicontroller._call_order import CallOrder
 
 
 def processes(client, count):

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 import elastic_trainer as et
-from elastic_trainer.clusters._platform import PLATFORM_LAYERS, PlatformLayer
+from elastic_trainer.clusters.multicontroller._platform import PLATFORM_LAYERS, PlatformLayer
 
 DOC = Path(__file__).parents[1] / "docs" / "clusters.md"
 

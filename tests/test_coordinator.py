@@ -9,14 +9,14 @@ import pytest
 import elastic_trainer as et
 from elastic_trainer import coordinator
 from elastic_trainer._failures import ConfigError
-from elastic_trainer.clusters._coordinator import COORDINATOR_ENV, join_as_client
+from elastic_trainer.clusters.multicontroller._coordinator import COORDINATOR_ENV, join_as_client
 from elastic_trainer.launch._launcher import _say_who_ended
 
 
 def test_any_slice_may_be_lost_with_a_separate_coordinator_but_not_process_0s_with_process0():
     separate = et.MultiprocessCluster(num_processes=3)
     assert separate.coordinator == "separate" and separate.spared_slices == ()
-    separate._check_index(0)  # allowed: the launcher hosts the service
+    separate._injection._check_index(0)  # allowed: the launcher hosts the service
     in_process_0 = et.MultiprocessCluster(num_processes=3, coordinator="process0")
     assert in_process_0.spared_slices == (0,)
     with pytest.raises(ConfigError, match="slice 0 holds process 0, which hosts JAX's coordination service"):

@@ -9,7 +9,7 @@ import types
 import pytest
 
 import elastic_trainer as et
-from elastic_trainer.clusters import _step_times
+from elastic_trainer.clusters.multicontroller import _step_times
 
 
 def dispatch_every(seconds, monkeypatch, cluster, steps):

@@ -11,9 +11,11 @@ import pytest
 import elastic_trainer as et
 from elastic_trainer._mesh import state_shardings
 from elastic_trainer.clusters import Admission
-from elastic_trainer.clusters import _rejoin
-from elastic_trainer.clusters._coordinator import KEY_PREFIX
-from elastic_trainer.clusters._rejoin import ProcessRejoin, compile_from_peers, donor_of, from_host, to_host
+from elastic_trainer.clusters.multicontroller import _membership, _rejoin
+from elastic_trainer.clusters.multicontroller._keys import KEY_PREFIX
+from elastic_trainer.clusters.multicontroller._membership import Membership
+from elastic_trainer.clusters.multicontroller._platform import PLATFORM_LAYERS
+from elastic_trainer.clusters.multicontroller._rejoin import Rejoin, compile_from_peers, donor_of, from_host, to_host
 from elastic_trainer.launch._launcher import _due_to_return, _job_ending
 
 
@@ -131,37 +133,39 @@ class FakeClient:
             raise jax.errors.JaxRuntimeError("DEADLINE_EXCEEDED: Barrier timed out")
 
 
-class ThreeProcesses(ProcessRejoin):
-    """The rejoin of a job of 3 one-process slices as process 0 sees it, process 1 lost."""
+class ThreeProcesses:
+    """The membership and rejoin of a job of 3 one-process slices as process 0 sees it, process 1 lost."""
 
-    slices, initialization_timeout_s, barrier_timeout_s = 3, 60, 30
+    processes, processes_per_slice, live, failures = 3, 1, {0, 2}, [0, 1, 0]
 
     def __init__(self, client):
-        self._client = lambda: client
-        self._live, self._failures, self._dispatched = {0, 2}, [0, 1, 0], 7
-
-    def processes_of(self, index):
-        return range(index, index + 1)
+        self.membership = Membership(num_processes=self.processes, processes_per_slice=self.processes_per_slice,
+                                     client=lambda: client, on_lost=lambda processes: None)
+        self.membership.live, self.membership.failures = set(self.live), list(self.failures)
+        self.membership.dispatched = 7
+        self.rejoin = Rejoin(self.membership, client=lambda: client, initialization_timeout_s=60, barrier_timeout_s=30,
+                             platform_layer=PLATFORM_LAYERS["cpu"])
 
 
 @pytest.fixture
 def process_0(monkeypatch):
-    monkeypatch.setattr(_rejoin, "own_process_id", lambda: 0)
+    for module in (_rejoin, _membership):
+        monkeypatch.setattr(module, "own_process_id", lambda: 0)
 
 
 def test_live_processes_hear_of_a_replacement_where_they_agree_and_answer_it_when_taking_it_in(process_0):
     client = FakeClient(missing={"met"})
     cluster = ThreeProcesses(client)
     client.key_value_set(f"{KEY_PREFIX}join/1", "4242")  # the replacement of process 1, OS pid 4242, asks
-    cluster._offer_returns()
-    cluster._hear_returns()
-    assert cluster.returning_slices() == [1]
+    cluster.membership._offer_returns()
+    cluster.membership._hear_returns()
+    assert cluster.membership.returning_slices() == [1]
     restarted = []
     # it asked, then died: the barrier where every process meets times out, and the job goes on as it was
-    assert not cluster.take_in((0, 1, 2), step=5, position=240, checkpoint_group=2,
+    assert not cluster.rejoin.take_in((0, 1, 2), step=5, position=240, checkpoint_group=2,
                                before_restart=lambda: restarted.append(True))
     assert client.barriers == [("met", (0, 1, 2))] and restarted == []
-    assert cluster._live == {0, 2} and cluster.returning_slices() == []
+    assert cluster.membership.live == {0, 2} and cluster.membership.returning_slices() == []
     admission = Admission.from_json(client.store[f"{KEY_PREFIX}admitted/1/4242"])
     assert (admission.processes, admission.slices, admission.donor, admission.step) == ((0, 1, 2), (0, 1, 2), 0, 5)
     assert (admission.dispatched, admission.incarnations, admission.checkpoint_group) == (7, (0, 1, 0), 2)
@@ -172,27 +176,20 @@ def test_a_replacement_is_returning_only_while_it_asks(process_0):
     client = FakeClient()
     cluster = ThreeProcesses(client)
     client.key_value_set(f"{KEY_PREFIX}join/1", "4242")
-    cluster._offer_returns()
-    cluster._hear_returns()
-    assert cluster.returning_slices() == [1]
+    cluster.membership._offer_returns()
+    cluster.membership._hear_returns()
+    assert cluster.membership.returning_slices() == [1]
     client.key_value_delete(f"{KEY_PREFIX}join/1")  # it gave up waiting to be wanted, and ended
-    cluster._offer_returns()
-    cluster._hear_returns()
-    assert cluster.returning_slices() == [] and client.barriers == []
+    cluster.membership._offer_returns()
+    cluster.membership._hear_returns()
+    assert cluster.membership.returning_slices() == [] and client.barriers == []
 
 
 class TwoSlicesOfTwoProcesses(ThreeProcesses):
     """A job of 2 slices of 2 processes, process 2 of slice 1 killed and due back; process 3, its live partner,
     is leaving with it. Every process sees the same state after their agreement."""
 
-    slices = 2
-
-    def __init__(self, client):
-        self._client = lambda: client
-        self._live, self._failures, self._dispatched = {0, 1, 3}, [0, 1], 7
-
-    def processes_of(self, index):
-        return range(2 * index, 2 * index + 2)
+    processes, processes_per_slice, live, failures = 4, 2, {0, 1, 3}, [0, 1]
 
 
 def test_survivors_decide_whether_a_lost_slice_returns_only_once_its_live_partner_has_said_so(monkeypatch, tmp_path):
@@ -204,13 +201,13 @@ def test_survivors_decide_whether_a_lost_slice_returns_only_once_its_live_partne
         events.append(("survivor waits for", key))
         with monkeypatch.context() as patch:
             patch.setattr(_rejoin, "own_process_id", lambda: 3)
-            TwoSlicesOfTwoProcesses(client)._note_own_return(1)
+            TwoSlicesOfTwoProcesses(client).rejoin.note_own_return(1)
         events.append(("partner noted", sorted(k for k in client.store if "/3" in k)))
 
     client = FakeClient(on_wait=partner_leaves)
     client.key_value_set(f"{KEY_PREFIX}returns/2", repr(time.time() + 5))  # the killed process said when
     monkeypatch.setattr(_rejoin, "own_process_id", lambda: 0)
-    assert TwoSlicesOfTwoProcesses(client).lost_slices_return([1], within_s=60)
+    assert TwoSlicesOfTwoProcesses(client).rejoin.lost_slices_return([1], within_s=60)
     assert events == [("survivor waits for", f"{KEY_PREFIX}left/3/1"),
                       ("partner noted", [f"{KEY_PREFIX}left/3/1", f"{KEY_PREFIX}returns/3"])]
 
@@ -218,4 +215,4 @@ def test_survivors_decide_whether_a_lost_slice_returns_only_once_its_live_partne
 def test_a_partner_that_died_before_saying_whether_it_returns_is_waited_for_no_longer_than_a_barrier(process_0):
     client = FakeClient()  # process 3 never notes: the wait times out, and the slice is not waited for
     client.key_value_set(f"{KEY_PREFIX}returns/2", repr(time.time() + 5))
-    assert not TwoSlicesOfTwoProcesses(client).lost_slices_return([1], within_s=60)
+    assert not TwoSlicesOfTwoProcesses(client).rejoin.lost_slices_return([1], within_s=60)

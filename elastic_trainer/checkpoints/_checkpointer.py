@@ -23,7 +23,7 @@ from ._failed_writes import FailedSaves, SaveEnded, log_closed_loop_noise, move_
 from ._checksums import CHECKSUMS_KEY, checksums, compile_checksums, verify_checksums
 from .._failures import ConfigError
 from ._group_barrier import GroupBarrier, hide_given_up_saves
-from ..clusters._rejoin import Admission
+from ..clusters.multicontroller._rejoin import Admission
 from ._young_daly import YoungDalyPolicy
 from ._orbax_handler import state_handler
 from ..config._settings import check_checkpoint_settings

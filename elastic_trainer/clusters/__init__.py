@@ -12,7 +12,6 @@ from ._base import (
     release as release,
     returning_slices as returning_slices,
 )
-from ._multiprocess import MultiprocessCluster as MultiprocessCluster
-from ._rejoin import Admission as Admission
+from .multicontroller import Admission as Admission, MultiprocessCluster as MultiprocessCluster
 from ._pathways import PathwaysCluster as PathwaysCluster
 from ._simulated import SimulatedCluster as SimulatedCluster

@@ -17,7 +17,7 @@ from jaxtyping import PyTree
 from .._failures import ConfigError
 
 if TYPE_CHECKING:
-    from ._rejoin import Admission
+    from .multicontroller._rejoin import Admission
 
 
 class SyncCall(enum.Enum):

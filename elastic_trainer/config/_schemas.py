@@ -27,7 +27,7 @@ from .._models import Transformer
 from .._preemption import stop_signals
 from .._stragglers import StragglerRule
 from .._trainer import Trainer
-from ..clusters._multiprocess import MultiprocessCluster
+from ..clusters.multicontroller._multiprocess import MultiprocessCluster
 from ..clusters._pathways import PathwaysCluster, load_health_checker
 from ..clusters._simulated import SimulatedCluster
 from ._settings import (

@@ -13,9 +13,9 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from ..clusters._coordinator import COORDINATOR_ENV, DEFAULT_HEARTBEAT_TIMEOUT_S, serve
-from ..clusters._multiprocess import PROCESS_ID_ENV
-from ..clusters._rejoin import RETURNS_DIR_ENV
+from ..clusters.multicontroller._coordinator import COORDINATOR_ENV, DEFAULT_HEARTBEAT_TIMEOUT_S, serve
+from ..clusters.multicontroller._multiprocess import PROCESS_ID_ENV
+from ..clusters.multicontroller._rejoin import RETURNS_DIR_ENV
 from ._processes import POLL_S, ProcessGroup, StopRequest
 from ._supervisor import EVENTS, RESTART_EXIT_CODE, WORKER_ENV, restart_until_done, worker_file
 

@@ -4,36 +4,28 @@ from __future__ import annotations
 
 import atexit
 import os
-import signal
 import socket
 import sys
 import threading
-import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import jax
-import psutil
-from jax.experimental.multihost_utils import ProcessFailureError, live_devices
 from jaxtyping import PyTree
 
-from ._base import AbstractProcessInjectableCluster, AbstractRejoinCluster, AbstractTimedCluster, SyncCall
-from ._call_order import CallOrder
-from .._failures import ConfigError, SliceLostError, StepTimeoutError
-from .._private_apis import backends_started, bound_orbax_barriers, coordination_client
-from ._coordinator import DEFAULT_HEARTBEAT_TIMEOUT_S, KEY_PREFIX, join_job, noted
+from .._base import AbstractProcessInjectableCluster, AbstractRejoinCluster, AbstractTimedCluster, SyncCall
+from ..._failures import ConfigError, SliceLostError, StepTimeoutError
+from ..._private_apis import backends_started, bound_orbax_barriers, coordination_client
+from . import _keys as keys
+from ._coordinator import DEFAULT_HEARTBEAT_TIMEOUT_S, join_job
+from ._membership import Membership
 from ._platform import PLATFORM_LAYERS, PlatformLayer
-from ._process_injection import ProcessFailureInjection, say_down
-from ._rejoin import ProcessRejoin, note_lost
-from ._step_times import OwnStepTimes, TimeoutCheck
-from ..config._settings import check_multiprocess_settings
+from ._process_injection import ProcessInjection
+from ._rejoin import Admission, Rejoin, note_lost
+from ._step_times import TimeoutCheck
+from ...config._settings import check_multiprocess_settings
 
 PROCESS_ID_ENV = "ELASTIC_TRAINER_PROCESS_ID"
 """Set by the local launcher to a worker's process id; unset, JAX detects it (Slurm, Kubernetes, Cloud TPU)."""
-
-STUCK_GRACE_S = 1.0
-"""After its step failed, how long a process waits at least for every other live process to have reached that
-step; one that has not (nor within the collective timeout of this process's dispatch) is dead or stuck before the
-step's collectives."""
 
 AUTO_COLLECTIVE_TIMEOUT_S = 2
 """The collective timeout when ``cluster.collective_timeout_s`` is unset: every step starts with the processes
@@ -48,45 +40,6 @@ def _wait_quietly(arrays: PyTree) -> None:
         pass
 
 
-def _processes_behind(client, processes: set[int], dispatched: int, *, not_before: float) -> list[int]:
-    """Those of ``processes`` that have not noted step ``dispatched`` as dispatched within :data:`STUCK_GRACE_S`
-    nor by ``not_before`` (``time.monotonic``), less those known dead already (on this host), which are not waited
-    for."""
-    deadline = max(time.monotonic() + STUCK_GRACE_S, not_before)
-    behind = {p for p in processes if not _dead_here(client, p)}
-    while behind and time.monotonic() < deadline:
-        behind -= {p for p in behind if int(noted(client, f"dispatched/{p}") or 0) >= dispatched}
-        time.sleep(0.05)
-    return sorted(behind)
-
-
-def _dead_here(client, process: int) -> bool:
-    """Whether ``process`` ran on this host and has ended (a zombie its launcher has not reaped yet included)."""
-    host, pid = (noted(client, f"pid/{process}") or " ").split(" ")
-    if host != socket.gethostname():
-        return False
-    try:
-        return psutil.Process(int(pid)).status() in (psutil.STATUS_ZOMBIE, psutil.STATUS_DEAD)
-    except psutil.NoSuchProcess:
-        return True
-
-
-def _kill_if_stuck(client, process: int) -> None:
-    """SIGKILL ``process`` if it lives on this host and is not dead already, and note that it was stuck."""
-    host, pid = client.blocking_key_value_get(f"{KEY_PREFIX}pid/{process}", 1000).split()
-    if host != socket.gethostname():
-        print(f"elastic_trainer: process {process} on {host} did not reach the step; waiting until it is "
-              "known dead (a stuck process on another host must be killed by the scheduler)", file=sys.stderr)
-        return
-    if _dead_here(client, process):
-        return  # dead already, not stuck
-    try:
-        os.kill(int(pid), signal.SIGKILL)
-        client.key_value_set(f"{KEY_PREFIX}stuck/{process}", "killed", allow_overwrite=True)
-    except ProcessLookupError:
-        pass  # died meanwhile, not stuck
-
-
 def _configure_runtime(
     *, platform: PlatformLayer, devices_per_process: int | None, collective_timeout_s: int, barrier_timeout_s: int
 ) -> None:
@@ -97,8 +50,7 @@ def _configure_runtime(
     bound_orbax_barriers(barrier_timeout_s)
 
 
-class MultiprocessCluster(ProcessRejoin, ProcessFailureInjection, AbstractRejoinCluster,
-                          AbstractProcessInjectableCluster, AbstractTimedCluster):
+class MultiprocessCluster(AbstractRejoinCluster, AbstractProcessInjectableCluster, AbstractTimedCluster):
     """Slices made of processes of a multi-controller JAX job (``jax.distributed``).
 
     Every process runs the same training loop on its own devices; a slice is
@@ -176,13 +128,12 @@ class MultiprocessCluster(ProcessRejoin, ProcessFailureInjection, AbstractRejoin
         self.coordinator = coordinator
         self.spared_slices = (0,) if coordinator == "process0" else ()  # failure injection spares the service's host
         self.slices = num_processes // processes_per_slice
-        self._live = set(range(num_processes))
-        self._failures = [0] * self.slices
-        self._lost_at: dict[int, float | None] = {}  # dead process -> when it went down, if it said so
-        self._dispatched = 0  # steps dispatched by this process
-        self._dispatched_at = time.monotonic()  # when it dispatched the latest
-        self._own_times = OwnStepTimes(self._client, KEY_PREFIX, jax.process_index)
-        self._call_order = CallOrder(self._client, jax.process_index)
+        self.membership = Membership(num_processes=num_processes, processes_per_slice=processes_per_slice,
+                                     client=self._client, on_lost=note_lost)
+        """Who is in the job, as the live processes last agreed."""
+        self._rejoin = Rejoin(self.membership, client=self._client, initialization_timeout_s=initialization_timeout_s,
+                              barrier_timeout_s=barrier_timeout_s, platform_layer=self.platform_layer)
+        self._injection = ProcessInjection(self.membership, client=self._client, spared_slices=self.spared_slices)
         self._step_seconds: dict[int, float] = {}
 
     # ------------------------------------------------------------------ start-up
@@ -202,7 +153,7 @@ class MultiprocessCluster(ProcessRejoin, ProcessFailureInjection, AbstractRejoin
         join_job(self.coordinator, num_processes=self.num_processes if process_id is not None else None,
                  process_id=int(process_id) if process_id is not None else None,
                  heartbeat_timeout_s=self.heartbeat_timeout_s, initialization_timeout_s=self.initialization_timeout_s)
-        self._ask_to_join()  # a replacement of a lost process: taken in by the live ones, or ended
+        self._rejoin.ask_to_join()  # a replacement of a lost process: taken in by the live ones, or ended
         if jax.process_count() != self.num_processes:
             raise ConfigError(
                 f"cluster.num_processes is {self.num_processes} but the job has {jax.process_count()} processes; "
@@ -214,7 +165,7 @@ class MultiprocessCluster(ProcessRejoin, ProcessFailureInjection, AbstractRejoin
                 f"cluster.devices_per_process is {self.devices_per_process} but this process has {local} devices; "
                 "set it to match, or to null to take the platform's devices."
             )
-        self._client().key_value_set(f"{KEY_PREFIX}pid/{jax.process_index()}", f"{socket.gethostname()} {os.getpid()}",
+        self._client().key_value_set(keys.pid(jax.process_index()), f"{socket.gethostname()} {os.getpid()}",
                                      allow_overwrite=True)
         atexit.register(self._leave)  # runs before JAX's own exit handler, which shuts the client down
 
@@ -229,11 +180,11 @@ class MultiprocessCluster(ProcessRejoin, ProcessFailureInjection, AbstractRejoin
         client = self._client()
         if client is None:
             return
-        live = sorted(self._live)
+        live = sorted(self.membership.live)
         if jax.process_index() == live[0]:
-            client.key_value_set(f"{KEY_PREFIX}ended", "1", allow_overwrite=True)  # replacements waiting: leave too
+            client.key_value_set(keys.ENDED, "1", allow_overwrite=True)  # replacements waiting: leave too
         try:
-            client.wait_at_barrier(f"{KEY_PREFIX}leave", 1000 * (10 + 2 * self.heartbeat_timeout_s), process_ids=live)
+            client.wait_at_barrier(keys.LEAVE, 1000 * (10 + 2 * self.heartbeat_timeout_s), process_ids=live)
             if jax.process_index() == live[0]:
                 client.get_live_nodes(live)  # returns once the others have shut down
         except Exception as error:  # noqa: BLE001 - a process lost at the very end: leave anyway
@@ -246,7 +197,7 @@ class MultiprocessCluster(ProcessRejoin, ProcessFailureInjection, AbstractRejoin
 
     def processes_of(self, index: int) -> range:
         """The processes that make up slice ``index``."""
-        return range(index * self.processes_per_slice, (index + 1) * self.processes_per_slice)
+        return self.membership.processes_of(index)
 
     def slice_devices(self) -> list[list[jax.Device]]:
         devices = sorted(jax.devices(), key=lambda d: (d.process_index, d.id))
@@ -265,10 +216,10 @@ class MultiprocessCluster(ProcessRejoin, ProcessFailureInjection, AbstractRejoin
 
     def healthy_slices(self) -> list[int]:
         """Slices whose processes were all live when the processes last agreed (at the end of a step)."""
-        return [s for s in range(self.slices) if set(self.processes_of(s)) <= self._live]
+        return self.membership.healthy_slices()
 
     def incarnations(self) -> tuple[int, ...]:
-        return tuple(self._failures)
+        return tuple(self.membership.failures)
 
     def live_processes(self) -> frozenset[int]:
         """The processes of the healthy slices."""
@@ -280,24 +231,25 @@ class MultiprocessCluster(ProcessRejoin, ProcessFailureInjection, AbstractRejoin
 
         The step's own time of each process is exchanged at the same barrier (:meth:`slice_step_seconds`).
         """
-        timed = self._own_times.note(self._dispatched)
-        self._agree_on_live_processes(call)
+        membership = self.membership
+        timed = membership.own_times.note(membership.dispatched)
+        membership.agree(call)
         live = [(s, self.processes_of(s)) for s in self.healthy_slices()]
-        self._step_seconds = self._own_times.read(self._dispatched, live) if timed else {}
+        self._step_seconds = membership.own_times.read(membership.dispatched, live) if timed else {}
         healthy = set(self.healthy_slices())
-        lost = [s for s in slices if s not in healthy or self._failures[s] != since[s]]
+        lost = [s for s in slices if s not in healthy or membership.failures[s] != since[s]]
         if lost:
-            dead = sorted(p for s in lost for p in self.processes_of(s) if p not in self._live)
-            if all(noted(self._client(), f"stuck/{p}") for p in dead):
+            dead = sorted(p for s in lost for p in self.processes_of(s) if p not in membership.live)
+            if all(keys.noted(self._client(), keys.stuck(p)) for p in dead):
                 message = f"DEADLINE_EXCEEDED: process(es) {dead} of slice(s) {lost} were stuck and have been killed"
             else:
                 message = f"DATA_LOSS: process(es) {dead} of slice(s) {lost} died"
-            leaving = sorted(p for s in lost for p in self.processes_of(s) if p in self._live)
+            leaving = sorted(p for s in lost for p in self.processes_of(s) if p in membership.live)
             if leaving:  # a slice goes down whole: the live processes of a lost slice leave the job
                 message += f"; process(es) {leaving} of the same slice(s) leave the job"
                 if jax.process_index() in leaving:
-                    self._leave_with_lost_slice(message)
-            down = [self._lost_at.get(p) for p in dead]
+                    self._rejoin.leave_with_slice(message)
+            down = [membership.lost_at.get(p) for p in dead]
             raise SliceLostError(message, slices=lost, processes=dead + leaving,
                                  occurred_at=min(down) if down and None not in down else None)
 
@@ -316,10 +268,10 @@ class MultiprocessCluster(ProcessRejoin, ProcessFailureInjection, AbstractRejoin
         given up (``collective_timeout_s``): until then they hold this
         process's devices, and a new step would queue behind them.
         """
-        self._own_times.forget()
+        self.membership.own_times.forget()
         draining = threading.Thread(target=_wait_quietly, args=(pending,), name="et-drain", daemon=True)
         draining.start()
-        self._kill_stuck_processes()
+        self.membership.kill_stuck(collective_timeout_s=self.collective_timeout_s)
         try:
             self.synchronize(SyncCall.STEP_END, slices, since=since)  # the failed step's end
         finally:
@@ -331,36 +283,11 @@ class MultiprocessCluster(ProcessRejoin, ProcessFailureInjection, AbstractRejoin
                 slices=(),
             ) from error
 
-    def _agree_on_live_processes(self, call: SyncCall) -> None:
-        """Wait for every live process here (``live_devices``' barrier), each having made the same ``call`` under
-        the agreement's number (:class:`CallOrder`); note who died since last time."""
-        devices = [d for group in self.slice_devices() for d in group if d.process_index in self._live]
-        self._offer_returns()
-        self._call_order.note(self._agreements, call)
-        try:
-            with live_devices(devices):
-                pass
-            self._hear_returns()
-            self._call_order.check(self._agreements, call, self._live)
-        except ProcessFailureError as failure:  # a loss explains any difference in the calls
-            dead = {device.process_index for device in failure.failed_devices} & self._live
-            for process in sorted(dead):
-                down_at = noted(self._client(), f"down/{process}")  # failure injection says when
-                self._lost_at[process] = float(down_at) if down_at is not None else None
-            self._live -= dead
-            if jax.process_index() == min(self._live):
-                note_lost(sorted(dead))  # their replacements may start
-            for s in {p // self.processes_per_slice for p in dead}:
-                self._failures[s] += 1
-
     def step_dispatched(self) -> None:
         """Note in the key-value store that this process reached its latest step's collectives."""
-        self._dispatched += 1
-        self._dispatched_at = time.monotonic()
-        self._own_times.dispatched()
+        self.membership.step_dispatched()
         if self._timeout_check is not None:
             self._timeout_check.dispatched()
-        self._client().key_value_set(f"{KEY_PREFIX}dispatched/{jax.process_index()}", str(self._dispatched), allow_overwrite=True)
 
     def slice_step_seconds(self) -> dict[int, float]:
         """Each slice's own time in the latest step: from a process's dispatch until it reached the step's end
@@ -373,29 +300,41 @@ class MultiprocessCluster(ProcessRejoin, ProcessFailureInjection, AbstractRejoin
         """
         return dict(self._step_seconds)
 
-    def _kill_stuck_processes(self) -> None:
-        """Kill the live processes that never reached the failed step's collectives: they are stuck.
+    # ------------------------------------------------------------------ rejoin (clusters/multicontroller/_rejoin.py)
 
-        Every process notes each step it dispatched (:meth:`step_dispatched`);
-        one that has not noted this step within :data:`STUCK_GRACE_S` of our
-        failure is dead or stuck, unless the collective timeout since our own
-        dispatch has not run out yet: our step may have failed at once (a peer
-        died), and a live peer only slow to reach the collectives (a loaded
-        host) is given the time its collectives would give it. A stuck one on
-        this host is killed; one on another host is left to the scheduler (the
-        barrier that follows waits until it is gone).
-        """
-        client = self._client()
-        behind = _processes_behind(client, self._live - {jax.process_index()}, self._dispatched,
-                                   not_before=self._dispatched_at + self.collective_timeout_s)
-        for process in behind:
-            _kill_if_stuck(client, process)
+    @property
+    def admission(self) -> Admission | None:
+        """In a replacement: how the live processes took it in (after :meth:`configure_jax`); ``None`` elsewhere."""
+        return self._rejoin.admission
 
-    # ------------------------------------------------------------------ leaving
+    def lost_slices_return(self, slices: Sequence[int], *, within_s: float) -> bool:
+        return self._rejoin.lost_slices_return(slices, within_s=within_s)
 
-    def _leave_with_lost_slice(self, message: str) -> None:
-        """This process lives but its slice is lost: go too (SIGKILL, as the slice's dead process went), saying why."""
-        say_down(self._client())
-        self._note_own_return(jax.process_index() // self.processes_per_slice)
-        print(f"elastic_trainer: process {jax.process_index()} leaves the job: {message}", file=sys.stderr, flush=True)
-        os.kill(os.getpid(), signal.SIGKILL)
+    def await_returns(self) -> None:
+        """The live processes agree on who lives (a barrier), and so on the replacements that asked to join."""
+        self.membership.agree(SyncCall.AWAIT_RETURNS)
+
+    def returning_slices(self) -> list[int]:
+        return self.membership.returning_slices()
+
+    def take_in(self, slices: Sequence[int], *, step: int, position: int, checkpoint_group: int,
+                before_restart: Callable[[], None]) -> tuple[int, ...]:
+        return self._rejoin.take_in(slices, step=step, position=position, checkpoint_group=checkpoint_group,
+                                    before_restart=before_restart)
+
+    def release(self, slices: Sequence[int]) -> None:
+        self._rejoin.release(slices)
+
+    # ------------------------------------------------------------------ failure injection (_process_injection.py)
+
+    def fail_slice(self, index: int, *, down_for_s: float) -> None:
+        self._injection.fail_slice(index, down_for_s=down_for_s)
+
+    def fail_process(self, index: int, position: int, *, down_for_s: float = 1e9) -> None:
+        self._injection.fail_process(index, position, down_for_s=down_for_s)
+
+    def slow_slice(self, index: int, *, factor: float, for_s: float) -> None:
+        self._injection.slow_slice(index, factor=factor, for_s=for_s)
+
+    def hang_slice(self, index: int, *, down_for_s: float) -> None:
+        self._injection.hang_slice(index, down_for_s=down_for_s)

@@ -16,10 +16,12 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import signal
 import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING, final
 
 import jax
 import jax.numpy as jnp
@@ -27,11 +29,13 @@ import numpy as np
 from jax.sharding import NamedSharding
 from jaxtyping import PyTree
 
-from .._mesh import SLICE_AXIS
-from .._private_apis import own_process_id
-from ._base import SyncCall
-from ._coordinator import KEY_PREFIX, noted
-from ._platform import PLATFORM_LAYERS, PlatformLayer
+from ..._mesh import SLICE_AXIS
+from ..._private_apis import own_process_id
+from . import _keys as keys
+from ._platform import PlatformLayer
+
+if TYPE_CHECKING:
+    from ._membership import Membership
 
 RETURNS_DIR_ENV = "ELASTIC_TRAINER_RETURNS_DIR"
 """Set by the local launcher to a directory where a process that failure injection takes down for a while (or
@@ -90,15 +94,15 @@ def restart_backends(client, admission: Admission, *, platform: PlatformLayer, t
     whose start-up exchanges the topology of every process. Arrays of the
     old backend must not be used afterwards.
     """
-    processes, barrier = list(admission.processes), f"{KEY_PREFIX}rejoin{admission.round}"
+    processes = list(admission.processes)
     try:
-        client.wait_at_barrier(f"{barrier}/met", int(timeout_s * 1000), process_ids=processes)
+        client.wait_at_barrier(keys.rejoin_barrier(admission.round, "met"), int(timeout_s * 1000), process_ids=processes)
     except jax.errors.JaxRuntimeError:  # timed out for every process that came: none has changed anything
         return False
     before_restart()
     if own_process_id() == min(processes):  # a replacement has no backend yet: it must not start one here
         platform.forget_collectives(client)
-    client.wait_at_barrier(f"{barrier}/clean", int(timeout_s * 1000), process_ids=processes)
+    client.wait_at_barrier(keys.rejoin_barrier(admission.round, "clean"), int(timeout_s * 1000), process_ids=processes)
     platform.restart_backend()
     return True
 
@@ -108,10 +112,10 @@ def wait_to_be_admitted(client, key: str, *, timeout_s: float) -> Admission | st
     they do not, why, in words."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        answer = noted(client, key)
+        answer = keys.noted(client, key)
         if answer is not None:
             return Admission.from_json(answer)
-        if noted(client, "ended") is not None:
+        if keys.noted(client, keys.ENDED) is not None:
             return "the job ended before taking it back in"
         time.sleep(0.2)
     return (f"the strategy did not take its slice back within cluster.initialization_timeout_s={timeout_s:g} "
@@ -121,12 +125,18 @@ def wait_to_be_admitted(client, key: str, *, timeout_s: float) -> Admission | st
 def note_return(client, down_for_s: float, *, back_at: float | None = None) -> None:
     """Before this process is taken down for ``down_for_s`` (or until ``back_at``, a ``time.time()``): tell the
     launcher when to start its replacement, and the others when to expect it
-    (:meth:`ProcessRejoin.lost_slices_return`)."""
+    (:meth:`Rejoin.lost_slices_return`)."""
     directory = os.environ.get(RETURNS_DIR_ENV)
     if directory is not None:
         back_at = repr(time.time() + down_for_s if back_at is None else back_at)
         Path(directory, f"process{own_process_id()}.returns_at").write_text(back_at)
-        client.key_value_set(f"{KEY_PREFIX}returns/{own_process_id()}", back_at, allow_overwrite=True)
+        client.key_value_set(keys.returns(own_process_id()), back_at, allow_overwrite=True)
+
+
+def say_down(client) -> None:
+    """Note when this process goes down (failure injection, or its slice was lost or dropped), for the others'
+    records."""
+    client.key_value_set(keys.down(own_process_id()), repr(time.time()))
 
 
 def note_lost(processes: Sequence[int]) -> None:
@@ -182,69 +192,56 @@ def compile_from_peers(arrays: PyTree, shardings: PyTree, donor: int) -> Callabl
     return jax.jit(spread, out_shardings=shardings).lower(arrays).compile()
 
 
-def _left_key(process: int, incarnation: int) -> str:
-    """The key-value note by which ``process`` says it has noted whether it comes back with its slice, lost in the
-    slice's ``incarnation`` (its failure count as the live processes agreed on it)."""
-    return f"left/{process}/{incarnation}"
-
-
 def donor_of(slices: Sequence[int], returning: Sequence[int]) -> int:
     """The position in ``slices`` of the first slice that is not returning: the one whose state the others get."""
     return next(i for i, s in enumerate(slices) if s not in returning)
 
 
-class ProcessRejoin:
+@final
+class Rejoin:
     """The rejoin of :class:`MultiprocessCluster`: a replacement asks to join, the live processes agree on it at
-    the end of a step, and the trainer takes it in at the next step boundary (:meth:`take_in`).
+    the end of a step (:meth:`Membership.agree`), and the trainer takes it in at the next step boundary
+    (:meth:`take_in`).
 
-    Mixed into the cluster, whose ``slices``, ``processes_of``, ``initialization_timeout_s``,
-    ``barrier_timeout_s``, ``_client``, ``_live``, ``_failures``, ``_dispatched`` and
-    ``_leave_with_lost_slice`` it uses.
+    :param membership: who is in the job.
+    :param client: returns the coordination service's client.
+    :param initialization_timeout_s: how long a replacement waits to be taken in.
+    :param barrier_timeout_s: how long the processes wait for each other at an admission's barriers.
+    :param platform_layer: what restarts the backend at a rejoin (the cluster's ``cluster.platform``).
     """
 
-    platform_layer: PlatformLayer = PLATFORM_LAYERS["cpu"]
-    """What restarts the backend at a rejoin (the cluster's ``cluster.platform``)."""
-    _returning: frozenset[int] = frozenset()  # processes that asked to join, as the live ones agreed
-    _agreements = 0  # times the live processes agreed on who lives
-    _rounds = 0  # admissions so far
+    def __init__(self, membership: Membership, *, client: Callable, initialization_timeout_s: float,
+                 barrier_timeout_s: float, platform_layer: PlatformLayer):
+        self.admission: Admission | None = None
+        """In a replacement: how the live processes took it in (once :meth:`ask_to_join` returned); else ``None``."""
+        self._membership = membership
+        self._client = client
+        self._initialization_timeout_s = initialization_timeout_s
+        self._barrier_timeout_s = barrier_timeout_s
+        self._platform_layer = platform_layer
+        self._rounds = 0  # admissions so far
 
-    def _ask_to_join(self) -> bool:
+    def ask_to_join(self) -> bool:
         """In a process that starts: if this process id ran in the job before (its ``pid`` note is there), it is a
         replacement: ask the live processes to take it in, and wait for them; ``False`` for a first start.
 
         Called before this process starts its backend, which it starts together with theirs.
         """
         client, process, me = self._client(), own_process_id(), str(os.getpid())
-        if noted(client, f"pid/{process}") is None:
+        if keys.noted(client, keys.pid(process)) is None:
             return False
-        client.key_value_set(f"{KEY_PREFIX}join/{process}", me, allow_overwrite=True)
-        admission = wait_to_be_admitted(client, f"admitted/{process}/{me}", timeout_s=self.initialization_timeout_s)
+        client.key_value_set(keys.join(process), me, allow_overwrite=True)
+        admission = wait_to_be_admitted(client, keys.admitted(process, me), timeout_s=self._initialization_timeout_s)
         if isinstance(admission, str):  # it ends, and the launcher does not take that for the job's end
-            client.key_value_delete(f"{KEY_PREFIX}join/{process}")
+            client.key_value_delete(keys.join(process))
             raise SystemExit(f"elastic_trainer: process {process} came back, but {admission}; it ends.")
-        if not restart_backends(client, admission, platform=self.platform_layer, timeout_s=self.barrier_timeout_s):
+        if not restart_backends(client, admission, platform=self._platform_layer, timeout_s=self._barrier_timeout_s):
             raise SystemExit(f"elastic_trainer: process {process} came back, but not every process came to take it "
-                             f"in within cluster.barrier_timeout_s={self.barrier_timeout_s}; it ends.")
+                             f"in within cluster.barrier_timeout_s={self._barrier_timeout_s}; it ends.")
         self.admission = admission
         self._rounds = admission.round + 1
-        self._live, self._failures = set(admission.processes), list(admission.incarnations)
-        self._dispatched, self._agreements = admission.dispatched, admission.agreements
+        self._membership.go_on_from(admission)
         return True
-
-    def _offer_returns(self) -> None:
-        """Before the processes agree on who lives: the lowest live one notes which replacements asked to join."""
-        self._agreements += 1
-        if own_process_id() != min(self._live):
-            return
-        asking = [int(key.rsplit("/", 1)[1]) for key, _ in self._client().key_value_dir_get(f"{KEY_PREFIX}join")]
-        asking = sorted(p for p in asking if p not in self._live)
-        if asking:
-            self._client().key_value_set(f"{KEY_PREFIX}asks/{self._agreements}", json.dumps(asking))
-
-    def _hear_returns(self) -> None:
-        """After the agreement: every live process reads which replacements asked (the same for all)."""
-        asked = noted(self._client(), f"asks/{self._agreements}")
-        self._returning = frozenset(json.loads(asked)) if asked is not None else frozenset()
 
     def lost_slices_return(self, slices: Sequence[int], *, within_s: float) -> bool:
         """Whether every process of lost ``slices`` is due back within ``within_s``: the local launcher starts a
@@ -252,44 +249,37 @@ class ProcessRejoin:
         Nothing else is known to come back: another scheduler's replacements join too, but are not waited for.
 
         The live processes of those slices are leaving the job and note first whether they come back with their
-        dead partners (:meth:`_note_own_return`): this waits until each has (:meth:`_await_partners`), so the
+        dead partners (:meth:`note_own_return`): this waits until each has (:meth:`_await_partners`), so the
         answer does not depend on which process got there first."""
         self._await_partners(slices)
-        due = [noted(self._client(), f"returns/{p}") for s in slices for p in self.processes_of(s)]
+        due = [keys.noted(self._client(), keys.returns(p)) for s in slices for p in self._membership.processes_of(s)]
         return None not in due and max(map(float, due), default=0) <= time.time() + within_s
 
     def _await_partners(self, slices: Sequence[int]) -> None:
         """Wait until every process of lost ``slices`` still live at the last agreement has said whether it comes
         back (its ``left`` note for the slice's incarnation), up to ``barrier_timeout_s`` in all: one that died
         before saying so is not waited for longer."""
-        deadline = time.monotonic() + self.barrier_timeout_s
+        membership = self._membership
+        deadline = time.monotonic() + self._barrier_timeout_s
         for s in slices:
-            for p in (p for p in self.processes_of(s) if p in self._live):
+            for p in (p for p in membership.processes_of(s) if p in membership.live):
                 remaining_ms = max(0, int((deadline - time.monotonic()) * 1000))
                 try:
-                    self._client().blocking_key_value_get(f"{KEY_PREFIX}{_left_key(p, self._failures[s])}",
-                                                          remaining_ms)
+                    self._client().blocking_key_value_get(keys.left(p, membership.failures[s]), remaining_ms)
                 except jax.errors.JaxRuntimeError:  # not noted in time: it died before it could
                     return
 
-    def _note_own_return(self, slice_index: int) -> None:
+    def note_own_return(self, slice_index: int) -> None:
         """In a live process that leaves the job with its slice: when the dead ones of the slice come back, come
         back with them (the slice returns whole); a slice dropped alive comes back at once, to wait until wanted.
         Then note that it has decided (:meth:`_await_partners` waits for that)."""
-        dead = [p for p in self.processes_of(slice_index) if p not in self._live]
-        due = [noted(self._client(), f"returns/{p}") for p in dead]
+        membership = self._membership
+        dead = [p for p in membership.processes_of(slice_index) if p not in membership.live]
+        due = [keys.noted(self._client(), keys.returns(p)) for p in dead]
         if None not in due:
             note_return(self._client(), 0, back_at=max(map(float, due), default=time.time()))
-        self._client().key_value_set(f"{KEY_PREFIX}{_left_key(own_process_id(), self._failures[slice_index])}", "1",
+        self._client().key_value_set(keys.left(own_process_id(), membership.failures[slice_index]), "1",
                                      allow_overwrite=True)
-
-    def await_returns(self) -> None:
-        """The live processes agree on who lives (a barrier), and so on the replacements that asked to join."""
-        self._agree_on_live_processes(SyncCall.AWAIT_RETURNS)
-
-    def returning_slices(self) -> list[int]:
-        """Slices whose every process is a replacement that asked to join."""
-        return [s for s in range(self.slices) if set(self.processes_of(s)) <= self._returning]
 
     def take_in(self, slices: Sequence[int], *, step: int, position: int, checkpoint_group: int,
                 before_restart: Callable[[], None]) -> tuple[int, ...]:
@@ -304,27 +294,29 @@ class ProcessRejoin:
         job goes on as it was. Replacements of slices not in ``slices`` go on
         waiting to be wanted.
         """
-        returning = self.returning_slices()
-        joining = sorted(p for s in slices if s in returning for p in self.processes_of(s))
+        membership = self._membership
+        returning = membership.returning_slices()
+        joining = sorted(p for s in slices if s in returning for p in membership.processes_of(s))
         admission = Admission(
-            round=self._rounds, processes=tuple(sorted(self._live | set(joining))), slices=tuple(slices),
-            donor=donor_of(slices, returning), step=step, position=position, dispatched=self._dispatched,
-            agreements=self._agreements, incarnations=tuple(self._failures), checkpoint_group=checkpoint_group,
+            round=self._rounds, processes=tuple(sorted(membership.live | set(joining))), slices=tuple(slices),
+            donor=donor_of(slices, returning), step=step, position=position, dispatched=membership.dispatched,
+            agreements=membership.agreements, incarnations=tuple(membership.failures),
+            checkpoint_group=checkpoint_group,
         )
         client = self._client()
-        if own_process_id() == min(self._live):
+        if own_process_id() == min(membership.live):
             for process in joining:
-                replacement = noted(client, f"join/{process}")
-                client.key_value_delete(f"{KEY_PREFIX}join/{process}")
-                client.key_value_set(f"{KEY_PREFIX}admitted/{process}/{replacement}", admission.to_json())
-        self._returning -= set(joining)
+                replacement = keys.noted(client, keys.join(process))
+                client.key_value_delete(keys.join(process))
+                client.key_value_set(keys.admitted(process, replacement), admission.to_json())
+        membership.returning -= set(joining)
         self._rounds += 1  # a round given up is not met again: its barriers' names are not used twice
-        if not restart_backends(client, admission, platform=self.platform_layer, timeout_s=self.barrier_timeout_s,
+        if not restart_backends(client, admission, platform=self._platform_layer, timeout_s=self._barrier_timeout_s,
                                 before_restart=before_restart):
             print(f"elastic_trainer: process(es) {joining} asked to join but did not come to be taken in within "
-                  f"cluster.barrier_timeout_s={self.barrier_timeout_s}; going on without them", file=sys.stderr)
+                  f"cluster.barrier_timeout_s={self._barrier_timeout_s}; going on without them", file=sys.stderr)
             return ()
-        self._live |= set(joining)
+        membership.live |= set(joining)
         return tuple(joining)
 
     def release(self, slices: Sequence[int]) -> None:
@@ -332,11 +324,15 @@ class ProcessRejoin:
         in it), as a lost slice's live processes do, and the others stop waiting for them at once. Under the local
         launcher they come back at once as replacements, taken in when the strategy wants the slices again
         (``scale_down``: after ``strategy.drop_for_steps``)."""
-        leaving = {p for s in slices for p in self.processes_of(s)} & self._live
+        leaving = {p for s in slices for p in self._membership.processes_of(s)} & self._membership.live
         if own_process_id() in leaving:
-            self._leave_with_lost_slice(f"slice(s) {sorted(slices)} were dropped by the strategy")
-        self._live -= leaving
-        if own_process_id() == min(self._live):
-            note_lost(sorted(leaving))  # their replacements may start
-        for s in slices:
-            self._failures[s] += 1
+            self.leave_with_slice(f"slice(s) {sorted(slices)} were dropped by the strategy")
+        self._membership.lose(leaving)
+
+    def leave_with_slice(self, message: str) -> None:
+        """This process lives but its slice is lost or dropped: go too (SIGKILL, as the slice's dead process went),
+        saying why."""
+        say_down(self._client())
+        self.note_own_return(own_process_id() // self._membership.processes_per_slice)
+        print(f"elastic_trainer: process {own_process_id()} leaves the job: {message}", file=sys.stderr, flush=True)
+        os.kill(os.getpid(), signal.SIGKILL)

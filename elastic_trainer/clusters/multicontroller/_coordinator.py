@@ -18,8 +18,8 @@ from collections.abc import Iterator
 
 import jax
 
-from .._failures import ConfigError
-from .._private_apis import detect_cluster, join_as_client_only, start_coordination_service
+from ..._failures import ConfigError
+from ..._private_apis import detect_cluster, join_as_client_only, start_coordination_service
 
 COORDINATOR_ENV = "JAX_COORDINATOR_ADDRESS"
 """Where the coordination service listens (``host:port``), as ``jax.distributed.initialize`` reads it."""
@@ -28,18 +28,6 @@ DEFAULT_HEARTBEAT_TIMEOUT_S = 2
 """A process silent this long is declared dead. The survivors' agreement on who lives waits for that, after their
 collectives timed out (2 s): with 3 s it waited up to 1.1 s more (detection 2.2 to 3.2 s, tiny model, 3 processes),
 with 2 s it did not (2.2 to 2.3 s). JAX's own default, 100 s, is for hosts that reboot."""
-
-KEY_PREFIX = "elastic_trainer/"
-"""Where the training processes keep their notes in the coordination service's key-value store."""
-
-def noted(client, key: str) -> str | None:
-    """The value of ``key`` (under :data:`KEY_PREFIX`) in the coordination service's key-value store, ``None`` if it
-    is not there."""
-    try:
-        return client.key_value_try_get(f"{KEY_PREFIX}{key}")
-    except Exception:  # noqa: BLE001 - the runtime raises a plain error for a missing key
-        return None
-
 
 SHUTDOWN_TIMEOUT_S = 10
 """How long the service waits at the end for its clients to say goodbye: the dead never do."""

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 
-from .._failures import SyncMismatchError
-from ._base import SyncCall
-from ._coordinator import KEY_PREFIX, noted
+from ..._failures import SyncMismatchError
+from .._base import SyncCall
+from . import _keys as keys
 
 SLOTS = 2
 """Agreement ``n`` is noted in slot ``n % 2``: a process writes agreement ``n + 2`` there only after the barrier of
@@ -31,14 +31,14 @@ class CallOrder:
 
     def note(self, number: int, call: SyncCall) -> None:
         """Before agreement ``number``'s barrier: this process makes it from ``call``."""
-        self._client().key_value_set(self._key(number, self._process()), f"{number} {call.name}",
+        self._client().key_value_set(keys.sync_call(number % SLOTS, self._process()), f"{number} {call.name}",
                                      allow_overwrite=True)
 
     def check(self, number: int, call: SyncCall, live: Iterable[int]) -> None:
         """After agreement ``number``'s barrier, which no process died in: raise :class:`SyncMismatchError`
         naming the two calls if a ``live`` process made it from another call than ``call``, or did not make it."""
         for process in sorted(live):
-            theirs = noted(self._client(), self._key(number, process).removeprefix(KEY_PREFIX))
+            theirs = keys.noted(self._client(), keys.sync_call(number % SLOTS, process))
             if theirs == f"{number} {call.name}":
                 continue
             their_number, _, their_call = (theirs or "none none").partition(" ")
@@ -49,7 +49,3 @@ class CallOrder:
                 f"{process} {made} there: every live process must make the same synchronization calls in the same "
                 "order, and one of them was made on one process only (by a plugin or by elastic_trainer itself)."
             )
-
-    @staticmethod
-    def _key(number: int, process: int) -> str:
-        return f"{KEY_PREFIX}sync/{number % SLOTS}/{process}"

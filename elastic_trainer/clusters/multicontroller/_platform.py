@@ -17,7 +17,7 @@ from typing import ClassVar
 import jax
 import jax.extend.backend
 
-from .._private_apis import forget_live_devices
+from ..._private_apis import forget_live_devices
 
 
 class PlatformLayer(abc.ABC):

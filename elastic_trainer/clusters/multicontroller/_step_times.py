@@ -10,6 +10,8 @@ import time
 import warnings
 from collections.abc import Callable, Iterable
 
+from . import _keys as keys
+
 STEP_TIME_MARGIN = 4
 """A collective timeout under this many median step times may end a failure-free step (a peer only slow):
 a collective waits for the part of a step a peer has not done yet (measured: 2 s and 0.25-0.3 s steps, 3
@@ -48,7 +50,6 @@ class OwnStepTimes:
     """A process's own time in each step, and the others', through the coordination service's key-value store.
 
     :param client: the coordination service's client.
-    :param key: the prefix of the keys, followed by ``took/<step>/<process>``.
     :param process: this process's index.
 
     A process notes its time before the barrier that ends the step (where
@@ -56,8 +57,8 @@ class OwnStepTimes:
     process reads the same times.
     """
 
-    def __init__(self, client: Callable, key: str, process: Callable[[], int]):
-        self._client, self._key, self._process = client, key, process
+    def __init__(self, client: Callable, process: Callable[[], int]):
+        self._client, self._process = client, process
         self._dispatched_at: float | None = None  # when the step under way was, until it is timed
         self._slow: tuple[float, float] | None = None  # (factor, until when), from failure injection
 
@@ -83,15 +84,15 @@ class OwnStepTimes:
             time.sleep((self._slow[0] - 1) * took)
             took *= self._slow[0]
         client, me = self._client(), self._process()
-        client.key_value_set(f"{self._key}took/{step}/{me}", repr(took))
+        client.key_value_set(keys.took(step, me), repr(took))
         with contextlib.suppress(Exception):  # the previous step's entry, which every process has read by now
-            client.key_value_delete(f"{self._key}took/{step - 1}/{me}")
+            client.key_value_delete(keys.took(step - 1, me))
         return True
 
     def read(self, step: int, slices: Iterable[tuple[int, range]]) -> dict[int, float]:
         """After the barrier: each of ``slices`` (index, processes) whose processes all noted step ``step``, with
         the time of its slowest process."""
-        noted = self._client().key_value_dir_get(f"{self._key}took/{step}/")
+        noted = self._client().key_value_dir_get(keys.took(step))
         by_process = {int(key.rsplit("/", 1)[1]): float(value) for key, value in noted}
         return {index: max(by_process[p] for p in processes) for index, processes in slices
                 if all(p in by_process for p in processes)}

@@ -5,26 +5,30 @@ from __future__ import annotations
 import os
 import signal
 import time
+from collections.abc import Callable
+from typing import final
 
 import jax
 
-from .._failures import ConfigError
-from ._coordinator import KEY_PREFIX
-from ._rejoin import note_return
+from ..._failures import ConfigError
+from ._membership import Membership
+from ._rejoin import note_return, say_down
 
 
-def say_down(client) -> None:
-    """Note when this process goes down (failure injection, or its slice was lost), for the others' records."""
-    client.key_value_set(f"{KEY_PREFIX}down/{jax.process_index()}", repr(time.time()))
-
-
-class ProcessFailureInjection:
+@final
+class ProcessInjection:
     """The failure injection of :class:`MultiprocessCluster`: every process calls each method, and only the
     processes of the slice named act, so the others see what hardware would show them.
 
-    Mixed into the cluster, whose ``slices``, ``processes_per_slice``,
-    ``spared_slices``, ``processes_of``, ``_client`` and ``_own_times`` it uses.
+    :param membership: who is in the job (the slices' processes, this process's step times).
+    :param client: returns the coordination service's client.
+    :param spared_slices: slices that must not be lost (the coordination service's host).
     """
+
+    def __init__(self, membership: Membership, *, client: Callable, spared_slices: tuple[int, ...]):
+        self._membership = membership
+        self._client = client
+        self._spared_slices = spared_slices
 
     def fail_slice(self, index: int, *, down_for_s: float) -> None:
         """Lose slice ``index``: its processes SIGKILL themselves (every process calls this; the others go on).
@@ -34,42 +38,46 @@ class ProcessFailureInjection:
         strategy scales up (docs/multiprocess.md, "Rejoin").
         """
         self._check_index(index)
-        if jax.process_index() in self.processes_of(index):
-            say_down(self._client())
-            note_return(self._client(), down_for_s)
-            os.kill(os.getpid(), signal.SIGKILL)
+        if jax.process_index() in self._membership.processes_of(index):
+            self._go_down(down_for_s)
 
     def fail_process(self, index: int, position: int, *, down_for_s: float = 1e9) -> None:
         """Kill one process of slice ``index``, the one at ``position`` in it; the others of the slice then
         leave the job (a slice goes down whole) and the rest go on. After ``down_for_s`` the whole slice comes
         back, as :meth:`fail_slice`'s does."""
         self._check_index(index)
-        if not 0 <= position < self.processes_per_slice:
-            raise ConfigError(f"slice {index} has processes at positions 0 to {self.processes_per_slice - 1}, "
-                              f"not {position}; cluster.processes_per_slice is {self.processes_per_slice}.")
-        if jax.process_index() == self.processes_of(index)[position]:
-            say_down(self._client())
-            note_return(self._client(), down_for_s)
-            os.kill(os.getpid(), signal.SIGKILL)
+        per_slice = self._membership.processes_per_slice
+        if not 0 <= position < per_slice:
+            raise ConfigError(f"slice {index} has processes at positions 0 to {per_slice - 1}, "
+                              f"not {position}; cluster.processes_per_slice is {per_slice}.")
+        if jax.process_index() == self._membership.processes_of(index)[position]:
+            self._go_down(down_for_s)
 
     def slow_slice(self, index: int, *, factor: float, for_s: float) -> None:
         """Slow slice ``index`` down: for ``for_s`` seconds its processes take ``factor`` times as long over each
         step (the rest of it slept once the step is done, before its end's barrier)."""
         self._check_index(index)
-        if jax.process_index() in self.processes_of(index):
-            self._own_times.slow_down(factor, for_s)
+        if jax.process_index() in self._membership.processes_of(index):
+            self._membership.own_times.slow_down(factor, for_s)
 
     def hang_slice(self, index: int, *, down_for_s: float) -> None:
         """Hang slice ``index``: its processes sleep ``down_for_s`` before their next step's collectives."""
         self._check_index(index)
-        if jax.process_index() in self.processes_of(index):
+        if jax.process_index() in self._membership.processes_of(index):
             say_down(self._client())
             time.sleep(down_for_s)
 
+    def _go_down(self, down_for_s: float) -> None:
+        """SIGKILL this process, having said when it went down and when it comes back."""
+        say_down(self._client())
+        note_return(self._client(), down_for_s)
+        os.kill(os.getpid(), signal.SIGKILL)
+
     def _check_index(self, index: int) -> None:
-        if not 0 <= index < self.slices:
-            raise ConfigError(f"slice {index} does not exist; the cluster has slices 0 to {self.slices - 1}.")
-        if index in self.spared_slices:
+        slices = self._membership.slices
+        if not 0 <= index < slices:
+            raise ConfigError(f"slice {index} does not exist; the cluster has slices 0 to {slices - 1}.")
+        if index in self._spared_slices:
             raise ConfigError(
                 f"slice {index} holds process 0, which hosts JAX's coordination service with "
                 "cluster.coordinator=process0: losing it ends every process (JAX's own limit), so failure injection "
