@@ -17,9 +17,10 @@ from jaxtyping import PyTree
 from ._goodput import GoodputClock
 from ._ledger import SampleLedger
 
-RestoredFrom = Literal["replica", "snapshot", "checkpoint", "none"]
-"""Where a recovery took the state from (``report.json``'s ``restored_from``; ``_restore_sources.py``), or
-``"none"``: the state of step 0 again, on a restart with no checkpoint yet."""
+RestoredFrom = Literal["replica", "snapshot", "checkpoint", "peer", "none"]
+"""Where a recovery took the state from (``report.json``'s ``restored_from``; ``_restore_sources.py``; ``"peer"``
+only for a rejoin, which is no failure), or ``"none"``: the state of step 0 again, on a restart with no checkpoint
+yet."""
 
 
 @dataclasses.dataclass(frozen=True)

@@ -7,12 +7,12 @@ import dataclasses
 import time
 from collections.abc import Sequence
 
-import jax
 from jaxtyping import PyTree
 
-from .clusters import AbstractRejoinCluster, Admission, SyncCall
-from .clusters.multicontroller._rejoin import compile_from_peers, donor_of, from_host, to_host
+from .clusters import AbstractRejoinCluster, Admission
+from .clusters.multicontroller._rejoin import donor_of, from_host, to_host
 from ._records import Layout, LoopState
+from ._restore_sources import RestoreRequest, restore_from_best
 
 
 def take_back(ctx, state: LoopState, slices: Sequence[int], returning: Sequence[int]) -> LoopState:
@@ -41,7 +41,8 @@ def take_back(ctx, state: LoopState, slices: Sequence[int], returning: Sequence[
     if not joined:  # the replacements did not come: the job goes on as it was
         return dataclasses.replace(state, at_boundary=False)
     new = ctx.layouts.make(slices)
-    arrays = share_state(ctx, from_host(host, ctx.abstract, new.shardings), new, donor_of(new.slices, returning))
+    arrays = share_state(ctx, from_host(host, ctx.abstract, new.shardings), new,
+                         donor=donor_of(new.slices, returning), step=state.step)
     ctx.layouts.record_resize(state.step, old, new, reason="rejoined", seconds=time.time() - begin,
                               state_from_peer=joined)
     return dataclasses.replace(state, arrays=arrays, layout=new, incarnations=ctx.cluster.incarnations(),
@@ -51,28 +52,15 @@ def take_back(ctx, state: LoopState, slices: Sequence[int], returning: Sequence[
 def join(ctx, arrays: PyTree, layout: Layout, admission: Admission) -> LoopState:
     """In a replacement, once its layout is made: the state the live processes hold (:func:`share_state`), at the
     step and data position they are at."""
-    arrays = share_state(ctx, arrays, layout, admission.donor)
+    arrays = share_state(ctx, arrays, layout, donor=admission.donor, step=admission.step)
     ctx.history.start_at(admission.position)
     return LoopState(arrays, layout, step=admission.step, position=admission.position,
                      incarnations=ctx.cluster.incarnations())
 
 
-def share_state(ctx, arrays: PyTree, layout: Layout, donor: int) -> PyTree:
-    """What every process of a grown job does alike, in the same order: every slice gets the state of the slice at
-    position ``donor`` (:func:`compile_from_peers`), the processes agree on who lives, and checkpoints regroup
-    over them.
-
-    The program is compiled first and run only once the processes have
-    agreed on who lives: a replacement gets here after compiling its whole
-    step, long after the live processes (at 16 processes on 2 cores, more
-    than the 30 s gloo gives a peer to join a collective on a new backend).
-    """
-    with ctx.clock.measure("remesh"):
-        spread = compile_from_peers(arrays, layout.shardings, donor)
-        ctx.cluster.synchronize(SyncCall.STATE_SHARING, layout.slices, since=ctx.cluster.incarnations())
-        arrays = spread(arrays)
-        jax.block_until_ready(arrays)
-        ctx.cluster.synchronize(SyncCall.STATE_SHARED, layout.slices, since=ctx.cluster.incarnations())
-    if ctx.checkpoints is not None:
-        ctx.checkpoints.regroup(slices=layout.slices, since=ctx.cluster.incarnations())
-    return arrays
+def share_state(ctx, arrays: PyTree, layout: Layout, *, donor: int, step: int) -> PyTree:
+    """What every process of a grown job does alike, in the same order: the state on ``layout``, every slice's from
+    the slice at position ``donor`` (the restore policy's :class:`~elastic_trainer._restore_sources.Peer`)."""
+    request = RestoreRequest(arrays, old=layout, survivors=(), new=layout, step=step,
+                             since=ctx.cluster.incarnations(), donor=donor)
+    return restore_from_best(ctx, request).arrays

@@ -5,7 +5,8 @@ from types import SimpleNamespace
 import pytest
 
 import elastic_trainer as et
-from elastic_trainer._restore_sources import POLICY, Checkpoint, Replica, RestoreRequest, Snapshot, restore_from_best
+from elastic_trainer._restore_sources import (POLICY, Checkpoint, Peer, Replica, RestoreRequest, Snapshot,
+                                              restore_from_best)
 
 
 def context(*, snapshot_step=None, checkpoint_step=None):
@@ -15,9 +16,9 @@ def context(*, snapshot_step=None, checkpoint_step=None):
     return SimpleNamespace(snapshots=SimpleNamespace(latest=snapshot), checkpoints=checkpoints)
 
 
-def request(*, survivors=(), consumed=False):
+def request(*, survivors=(), consumed=False, donor=None):
     return RestoreRequest(arrays=None, old=None, survivors=list(survivors), new=None, step=7, since=(),
-                          consumed=consumed)
+                          consumed=consumed, donor=donor)
 
 
 def chosen(ctx, req):
@@ -41,3 +42,12 @@ def test_a_checkpoint_when_there_is_no_snapshot():
 def test_with_no_source_the_run_stops_and_says_why(consumed, why):
     with pytest.raises(et.TrainingStopped, match=f"^{why}.* there is no snapshot or checkpoint to restore from"):
         restore_from_best(context(), request(consumed=consumed))
+
+
+def test_a_rejoin_takes_the_state_from_its_peer_before_any_other_source():
+    assert chosen(context(snapshot_step=4, checkpoint_step=6), request(survivors=[0, 2], donor=0)) is Peer
+
+
+def test_a_recovery_never_takes_it_from_a_peer():
+    assert all(chosen(context(snapshot_step=4, checkpoint_step=6), request(survivors=survivors)) is not Peer
+               for survivors in ([], [0]))
