@@ -37,8 +37,10 @@ class CallOrder:
     def check(self, number: int, call: SyncCall, live: Iterable[int]) -> None:
         """After agreement ``number``'s barrier, which no process died in: raise :class:`SyncMismatchError`
         naming the two calls if a ``live`` process made it from another call than ``call``, or did not make it."""
+        slot = self._client().key_value_dir_get(keys.sync_slot(number % SLOTS))  # one read, not one per process
+        notes = {int(key.rsplit("/", 1)[1]): value for key, value in slot}
         for process in sorted(live):
-            theirs = keys.noted(self._client(), keys.sync_call(number % SLOTS, process))
+            theirs = notes.get(process)
             if theirs == f"{number} {call.name}":
                 continue
             their_number, _, their_call = (theirs or "none none").partition(" ")

@@ -85,6 +85,11 @@ def took(step: int, process: int | None = None) -> str:
     return f"{KEY_PREFIX}took/{step}/" + ("" if process is None else str(process))
 
 
+def sync_slot(slot: int) -> str:
+    """The directory of agreement slot ``slot``'s :func:`sync_call` notes, one per process."""
+    return f"{KEY_PREFIX}sync/{slot}"
+
+
 def sync_call(slot: int, process: int) -> str:
     """The synchronization call ``process`` made last in agreement slot ``slot`` (``"<number> <call>"``)."""
-    return f"{KEY_PREFIX}sync/{slot}/{process}"
+    return f"{sync_slot(slot)}/{process}"
