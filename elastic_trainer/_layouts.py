@@ -59,23 +59,21 @@ class Layouts:
         self._global_batch_size = global_batch_size
         self._release = release or (lambda dropped, kept: release_slices(cluster, dropped))
         self._take_back = take_back
-        self.current: Layout | None = None
-        """The layout made last (what ``trainer.slices`` and ``trainer.mesh`` show)."""
         self.resizes: list[ResizeRecord] = []
         """Every change of the slices in use, as the report lists them."""
         self._likely_from: tuple[int, ...] | None = None  # the layout whose likely next ones were queued last
 
-    def make(self, slices: Sequence[int], *, plan: RecoveryPlan | None = None) -> Layout:
-        """Mesh ``slices`` and get a step compiled for them, with ``plan``'s batch policy."""
+    def make(self, slices: Sequence[int], *, plan: RecoveryPlan | None = None, at_start: bool = False) -> Layout:
+        """Mesh ``slices`` and get a step compiled for them, with ``plan``'s batch policy; the meshing is booked
+        as start-up for the run's first layout (``at_start``), as re-mesh for any other."""
         slices = tuple(sorted(slices))
         all_devices = self._cluster.slice_devices()
-        with self._clock.measure("remesh" if self.current is not None else "startup"):
+        with self._clock.measure("startup" if at_start else "remesh"):
             mesh = make_mesh(self._hooks, self._view, [all_devices[i] for i in slices])
         batch_size, lr_scale = self._batch_for(mesh, slices, plan)
         with self._clock.measure("compile"):
             compiled, shardings, compile_info = self._steps.get(mesh, batch_size, slices)
-        self.current = Layout(slices, mesh, batch_size, lr_scale, compiled, shardings, **compile_info)
-        return self.current
+        return Layout(slices, mesh, batch_size, lr_scale, compiled, shardings, **compile_info)
 
     def compile_likely(self, layout: Layout) -> None:
         """Queue background compiles for the layouts plugins expect next from ``layout`` (``et_likely_layouts``),

@@ -225,7 +225,8 @@ class FailureLog:
 
 
 class StepHistory:
-    """The committed steps: their samples, losses and times, rolled back together.
+    """The committed steps: their samples, losses and times, rolled back together. The trainer's loop
+    (``_trainer.py``) alone writes it.
 
     :param ledger: the samples of the committed steps.
     """
@@ -247,6 +248,11 @@ class StepHistory:
         if self.first_step_ended_at is None:
             self.first_step_ended_at, self.badput_before_first_step_s = time.time(), dict(clock.badput_s)
 
+    def resume_at(self, step: int, position: int) -> None:
+        """A run that resumes from step ``step``'s checkpoint: count samples from its data position ``position``."""
+        self.start_at(position)
+        self.resumed_from = step
+
     def start_at(self, position: int) -> None:
         """Count samples from data position ``position`` (where a resumed run continues); forget every step."""
         self.ledger = SampleLedger(self.ledger.num_samples, seed=self.ledger.seed, start_position=position)
@@ -256,6 +262,10 @@ class StepHistory:
         """Record step ``step`` (0-based): its samples and its loss (left on the device)."""
         self.ledger.commit(step, ids)
         self.losses[step] = loss
+
+    def time_step(self, step: int, seconds: float) -> None:
+        """Record how long committed step ``step`` took, wall time."""
+        self.seconds[step] = seconds
 
     def roll_back(self, to_step: int) -> float:
         """Forget the steps from ``to_step`` on; the seconds they took."""

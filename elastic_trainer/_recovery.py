@@ -4,8 +4,8 @@
 :func:`classify` it (``et_classify_failure``, the slices lost),
 :func:`choose_plan` (the strategy, ``et_choose_recovery``), :func:`carry_out`
 its waits and fallbacks, mesh the slices that are left, :func:`restore` the
-state (a surviving replica, else the host snapshot, else a checkpoint) and
-:func:`roll_back` what the state no longer holds. ``et.elastic_retry`` uses
+state (the restore policy's best source); the trainer then forgets the steps
+the state no longer holds. ``et.elastic_retry`` uses
 the same :func:`classify`, :func:`choose_plan`, :func:`carry_out` and
 :func:`finish_recovery` around a loop the user keeps.
 """
@@ -226,7 +226,7 @@ def survive(ctx: TrainingContext, error: Exception, state: LoopState, *, phase: 
     """Recover from ``error`` raised in ``phase`` of the loop at ``state``; a failure while recovering starts over.
 
     Returns the state to go on from: whole, on the new layout, at the step
-    restored, with the steps after it rolled back.
+    restored (the trainer forgets the steps after it).
     """
     if isinstance(error, PluginError):
         raise error  # a plugin's bug, not the hardware's
@@ -239,10 +239,6 @@ def survive(ctx: TrainingContext, error: Exception, state: LoopState, *, phase: 
         except Exception as again:  # noqa: BLE001 - classified like any other failure
             error, phase = again, "recovery"
     del error  # a failed attempt's traceback holds this frame: kept, it would hold the failed arrays in a cycle
-    if not state.whole:  # nothing was trained here yet (a resume): the run's samples count from the state restored
-        ctx.history.start_at(recovered.position)
-        ctx.history.resumed_from = recovered.step
-    roll_back(ctx, recovered.step)
     return recovered
 
 
@@ -336,7 +332,6 @@ def restart(ctx: TrainingContext, index: int, state: LoopState, *, error: Except
         ctx.checkpoints.checkpointer.wait()
     restored = ctx.checkpoints.checkpointer.latest_step() or 0
     ctx.failures.amend(index, restored_from="checkpoint" if restored else "none", lost_steps=state.step - restored)
-    roll_back(ctx, restored)
     raise RestartRequested(
         f"step {state.step + 1} lost slice(s) {list(record.slices)}; restarting the worker from step {restored}.",
         resume_step=restored,
@@ -361,8 +356,3 @@ def save_what_survives(ctx: TrainingContext, state: LoopState, *, lost: Sequence
                                  mesh=jax.tree.leaves(arrays)[0].sharding.mesh)  # the survivors' mesh
     survivors = dataclasses.replace(state, arrays=arrays, layout=layout, incarnations=ctx.cluster.incarnations())
     ctx.checkpoints.save(survivors, step_times_s=list(ctx.history.seconds.values()), failures=len(ctx.failures))
-
-
-def roll_back(ctx: TrainingContext, to_step: int) -> None:
-    """Forget the steps from ``to_step`` on: their samples, losses, and their time as goodput."""
-    ctx.clock.reclassify_productive(ctx.history.roll_back(to_step))

@@ -53,7 +53,6 @@ def join(ctx, arrays: PyTree, layout: Layout, admission: Admission) -> LoopState
     """In a replacement, once its layout is made: the state the live processes hold (:func:`share_state`), at the
     step and data position they are at."""
     arrays = share_state(ctx, arrays, layout, donor=admission.donor, step=admission.step)
-    ctx.history.start_at(admission.position)
     return LoopState(arrays, layout, step=admission.step, position=admission.position,
                      incarnations=ctx.cluster.incarnations())
 

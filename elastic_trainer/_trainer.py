@@ -109,6 +109,21 @@ def _commit(trainer: Trainer, state: LoopState, done: StepResult, *, interrupted
     return committed
 
 
+def _forget_from(ctx: TrainingContext, step: int) -> None:
+    """Forget the steps from ``step`` on, which the state no longer holds: their samples, losses, and their time
+    as goodput."""
+    ctx.clock.reclassify_productive(ctx.history.roll_back(step))
+
+
+def _recovered(ctx: TrainingContext, failed: LoopState, error: Exception, phase: str) -> LoopState:
+    """Survive ``error`` raised in ``phase`` at ``failed``: the state to go on from, the history rolled back to it."""
+    recovered = survive(ctx, error, failed, phase=phase)
+    if not failed.whole:  # nothing was trained here yet (a resume): the run's samples count from the state restored
+        ctx.history.resume_at(recovered.step, recovered.position)
+    _forget_from(ctx, recovered.step)
+    return recovered
+
+
 class PhaseEnd(NamedTuple):
     """How a phase of the loop ended: the loop's state after it, and the failure that goes to recovery from that
     state (with the phase it failed in), if any."""
@@ -223,6 +238,7 @@ class Trainer:
         self._watchdog = Watchdog(step_timeout_s)
         self._failures = FailureLog()
         self._ctx: TrainingContext | None = None  # the run's collaborators, once fit starts
+        self._state: LoopState | None = None  # the loop's state as hooks see it: its layout is the one in use
 
     @property
     def hook(self) -> GuardedHooks:
@@ -233,14 +249,12 @@ class Trainer:
     @property
     def slices(self) -> tuple[int, ...]:
         """The slices of the layout in use (none before :meth:`fit`)."""
-        layout = self._ctx and self._ctx.layouts.current
-        return layout.slices if layout else ()
+        return self._state.layout.slices if self._state else ()
 
     @property
     def mesh(self) -> Mesh | None:
         """The mesh of the layout in use (``None`` before :meth:`fit`)."""
-        layout = self._ctx and self._ctx.layouts.current
-        return layout.mesh if layout else None
+        return self._state.layout.mesh if self._state else None
 
     @property
     def stragglers(self) -> frozenset[int]:
@@ -281,6 +295,7 @@ class Trainer:
         forced_save = False
         try:
             while not state.whole or state.save_due or state.step < self.steps:
+                self._state = state
                 if state.at_boundary and preemption.stops_at(state.step):
                     if not self._save_before_stopping(state.step) or forced_save:
                         raise _preempted(self.checkpointer, state.step, preemption.signum)
@@ -296,10 +311,11 @@ class Trainer:
                     end = _recovery_start(state, error, phase)
                 state = end.state
                 if end.failure is not None:
-                    state = survive(self._ctx, end.failure, state, phase=end.phase)
+                    state = _recovered(self._ctx, state, end.failure, end.phase)
         except TrainingStopped as stop:
             stopped = stop
             if isinstance(stop, RestartRequested):  # the state goes back to the last checkpoint
+                _forget_from(self._ctx, stop.resume_step)
                 state = dataclasses.replace(state, step=stop.resume_step, position=self.ledger.end_position())
         return _finish(self, state, stopped)
 
@@ -317,19 +333,24 @@ class Trainer:
         self._ctx, arrays = start_run(self, watchdog=self._watchdog, failures=self._failures)
         ctx, clock = self._ctx, self._ctx.clock
         incarnations, joined = self.cluster.incarnations(), admission_of(self.cluster)  # as of the state in hand
-        layout = ctx.layouts.make(joined.slices if joined else range(len(self.cluster.slice_devices())))
+        layout = ctx.layouts.make(joined.slices if joined else range(len(self.cluster.slice_devices())),
+                                  at_start=True)
         with clock.measure("startup"):
             arrays = put_on(arrays, layout.shardings)
-            ctx.layouts.compile_likely(layout)
         if joined:  # a replacement: the state comes from the live processes
-            return join(ctx, arrays, layout, joined)
+            self._state = join(ctx, arrays, layout, joined)
+            ctx.history.start_at(self._state.position)
+        else:
+            with clock.measure("startup"):
+                self.cluster.synchronize(SyncCall.RUN_START, layout.slices, since=incarnations)  # all ready
+                if not self.resume:  # the first snapshot: a step that fails before the first period ends starts over
+                    ctx.snapshots.take(0, jax.tree.leaves(arrays))
+            resume_from = self.checkpointer.latest_step() if self.resume else None
+            self._state = LoopState(arrays, layout, step=resume_from or 0, position=0, incarnations=incarnations,
+                                    whole=not self.resume)
         with clock.measure("startup"):
-            self.cluster.synchronize(SyncCall.RUN_START, layout.slices, since=incarnations)  # every process ready
-            if not self.resume:  # the first snapshot: a step that fails before the first period ends starts over
-                ctx.snapshots.take(0, jax.tree.leaves(arrays))
-        resume_from = self.checkpointer.latest_step() if self.resume else None
-        return LoopState(arrays, layout, step=resume_from or 0, position=0, incarnations=incarnations,
-                         whole=not self.resume)
+            ctx.layouts.compile_likely(layout)
+        return self._state
 
     def _train(self, state: LoopState) -> PhaseEnd:
         """Run step ``state.step`` and commit it: the state after it.
@@ -351,7 +372,7 @@ class Trainer:
                 done = ctx.runner.result_of(interrupted)
                 failure = interrupted.error
             committed = _commit(self, state, done, interrupted=failure is not None)
-        ctx.history.seconds[state.step] = time.time() - began
+        ctx.history.time_step(state.step, time.time() - began)
         return PhaseEnd(committed, failure, "update")
 
     def _save(self, state: LoopState) -> PhaseEnd:
@@ -374,15 +395,14 @@ class Trainer:
                 f"{none.unreadable}; point checkpoint.dir at a run's checkpoints, or drop checkpoint.resume to "
                 "start afresh."
             ) from None
-        ctx.history.resumed_from = step
-        ctx.history.start_at(int(arrays.data_position))
+        ctx.history.resume_at(step, int(arrays.data_position))
         return PhaseEnd(dataclasses.replace(state, arrays=arrays, step=step, position=int(arrays.data_position),
                                             whole=True))
 
 
 def _finish(trainer: Trainer, state: LoopState, stopped: TrainingStopped | None) -> FitResult:
     """Wait for the last save, write the report (``et_run_end``); the result, or ``stopped`` raised."""
-    ctx = trainer._ctx
+    ctx, trainer._state = trainer._ctx, state
     if ctx.checkpoints is not None:
         with ctx.clock.measure("checkpoint_save"):
             stopped = ctx.checkpoints.finish_saving(stopped)

@@ -33,7 +33,7 @@ def test_every_method_named_in_the_path_exists_on_its_class():
 
 def test_every_recovery_function_named_exists():
     text = DOC.read_text()
-    for name in ("survive", "recover", "classify", "choose_plan", "carry_out", "restore", "restart", "roll_back",
+    for name in ("survive", "recover", "classify", "choose_plan", "carry_out", "restore", "restart",
                  "finish_recovery", "lost_slices", "wait_for_slices"):
         assert f"`{name}`" in text, name
         assert inspect.isfunction(getattr(_recovery, name)), name

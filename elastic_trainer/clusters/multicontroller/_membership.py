@@ -8,7 +8,7 @@ import signal
 import socket
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Container
 from typing import TYPE_CHECKING, final
 
 import jax
@@ -29,6 +29,11 @@ STUCK_GRACE_S = 1.0
 step; one that has not (nor within the collective timeout of this process's dispatch) is dead or stuck before the
 step's collectives."""
 
+
+
+def devices_of(processes: Container[int]) -> list[jax.Device]:
+    """The devices of ``processes``, in process order, then by id: the order slices and barriers list them in."""
+    return sorted((d for d in jax.devices() if d.process_index in processes), key=lambda d: (d.process_index, d.id))
 
 @final
 class Membership:
@@ -86,8 +91,7 @@ class Membership:
         """Wait for every live process here (``live_devices``' barrier), each having made the same ``call`` under
         the agreement's number (:class:`CallOrder`), and hear which replacements asked to join; note who died
         since last time."""
-        devices = sorted((d for d in jax.devices() if d.process_index in self.live),
-                         key=lambda d: (d.process_index, d.id))
+        devices = devices_of(self.live)
         self._offer_returns()
         self._call_order.note(self.agreements, call)
         try:

@@ -17,7 +17,7 @@ from ..._failures import ConfigError, SliceLostError, StepTimeoutError
 from ..._private_apis import backends_started, bound_orbax_barriers, coordination_client
 from . import _keys as keys
 from ._coordinator import DEFAULT_HEARTBEAT_TIMEOUT_S, join_job
-from ._membership import Membership
+from ._membership import Membership, devices_of
 from ._platform import PLATFORM_LAYERS, PlatformLayer
 from ._process_injection import ProcessInjection
 from ._rejoin import Admission, Rejoin, note_lost
@@ -200,8 +200,7 @@ class MultiprocessCluster(AbstractRejoinCluster, AbstractProcessInjectableCluste
         return self.membership.processes_of(index)
 
     def slice_devices(self) -> list[list[jax.Device]]:
-        devices = sorted(jax.devices(), key=lambda d: (d.process_index, d.id))
-        return [[d for d in devices if d.process_index in self.processes_of(s)] for s in range(self.slices)]
+        return [devices_of(self.processes_of(s)) for s in range(self.slices)]
 
     def describe(self) -> dict:
         per_process = self.devices_per_process or len(jax.local_devices())
