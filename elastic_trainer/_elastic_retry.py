@@ -19,8 +19,8 @@ from ._failures import ConfigError, PluginError
 from ._goodput import GoodputClock
 from ._layouts import make_mesh
 from ._plugins import GuardedHooks, make_plugin_manager, strategy_name
-from ._records import FailureLog, PendingRecovery
-from ._recovery import RunContext, carry_out, choose_plan, classify, ends_run_if_stopped, finish_recovery
+from ._records import FailureLog, PendingRecovery, RunContext
+from ._recovery import carry_out, choose_plan, classify, ends_run_if_stopped, finish_recovery
 from ._report import write_report
 
 T = TypeVar("T")

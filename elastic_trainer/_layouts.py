@@ -11,11 +11,10 @@ from typing import Any
 import jax
 from jax.sharding import Mesh
 
-from .clusters import AbstractCluster, release as release_slices, returning_slices
+from .clusters import release as release_slices, returning_slices
 from ._failures import ConfigError, PluginError, RecoveryPlan
-from ._goodput import GoodputClock
 from ._mesh import DEVICE_AXIS, SLICE_AXIS, keep_slices
-from ._records import Layout, LoopState, ResizeRecord
+from ._records import Layout, LoopState, ResizeRecord, RunContext
 from ._step_cache import StepCache
 
 
@@ -33,10 +32,8 @@ def make_mesh(hooks: Any, view: object, slice_devices: Sequence[Sequence[jax.Dev
 class Layouts:
     """Makes the layouts a run trains on, and compiles likely next ones ahead.
 
-    :param cluster: where the slices come from.
-    :param hooks: the plugins' hooks.
-    :param view: what hooks receive as ``trainer``.
-    :param clock: books meshing as start-up (first layout) or re-mesh, and compiling as compile.
+    :param run: the cluster the slices come from, the plugins' hooks, and the clock that books meshing as
+        start-up (first layout) or re-mesh, and compiling as compile.
     :param steps: the compiled steps, by layout.
     :param global_batch_size: samples per step on the full cluster.
     :param release: ``release(dropped, kept)`` lets the slices ``dropped`` go at a step boundary, the run
@@ -47,17 +44,13 @@ class Layouts:
     """
 
     def __init__(
-        self, *, cluster: AbstractCluster, hooks: Any, view: object, clock: GoodputClock, steps: StepCache,
-        global_batch_size: int, release: Callable[[Sequence[int], Sequence[int]], None] | None = None,
+        self, run: RunContext, *, steps: StepCache, global_batch_size: int, release: Callable[[Sequence[int], Sequence[int]], None] | None = None,
         take_back: Callable[[LoopState, tuple[int, ...], list[int]], LoopState] | None = None,
     ):
-        self._cluster = cluster
-        self._hooks = hooks
-        self._view = view
-        self._clock = clock
+        self._cluster, self._hooks, self._view, self._clock = run.cluster, run.hooks, run.view, run.clock
         self._steps = steps
         self._global_batch_size = global_batch_size
-        self._release = release or (lambda dropped, kept: release_slices(cluster, dropped))
+        self._release = release or (lambda dropped, kept: release_slices(run.cluster, dropped))
         self._take_back = take_back
         self.resizes: list[ResizeRecord] = []
         """Every change of the slices in use, as the report lists them."""

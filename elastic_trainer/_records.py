@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import jax
 import numpy as np
@@ -16,6 +16,11 @@ from jaxtyping import PyTree
 
 from ._goodput import GoodputClock
 from ._ledger import SampleLedger
+
+if TYPE_CHECKING:
+    import pluggy
+
+    from .clusters import AbstractCluster
 
 RestoredFrom = Literal["replica", "snapshot", "checkpoint", "peer", "none"]
 """Where a recovery took the state from (``report.json``'s ``restored_from``; ``_restore_sources.py``; ``"peer"``
@@ -276,3 +281,24 @@ class StepHistory:
     def ordered_losses(self) -> list[float]:
         """The committed steps' losses, in step order."""
         return [float(loss) for _, loss in sorted(jax.device_get(self.losses).items())]
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class RunContext:
+    """What a run's parts reach the cluster, the plugins and the clock through (layouts, checkpoints, and
+    recovery in any loop).
+
+    :param cluster: the slices.
+    :param hooks: the plugins' hooks (:class:`GuardedHooks`).
+    :param plugin_manager: the manager behind them, to name a plugin in an error.
+    :param view: what hooks receive as ``trainer``.
+    :param clock: books detection and waiting.
+    :param failures: the run's failure records.
+    """
+
+    cluster: AbstractCluster
+    hooks: Any
+    plugin_manager: pluggy.PluginManager
+    view: object
+    clock: GoodputClock
+    failures: FailureLog

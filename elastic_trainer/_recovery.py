@@ -16,21 +16,21 @@ import contextlib
 import dataclasses
 import time
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any, NoReturn
+from typing import NoReturn
 
 import jax
-import pluggy
 from jaxtyping import PyTree
 
-from .clusters import AbstractCluster, AbstractInjectableCluster, AbstractRejoinCluster, returning_slices
+from .clusters import AbstractInjectableCluster, AbstractRejoinCluster, returning_slices
 from ._failures import (
     ConfigError, Failure, PluginError, RecoveryPlan, RestartRequested, SliceLostError, TrainingStopped,
 )
-from ._goodput import GoodputClock
 from ._layouts import Layouts
 from ._mesh import keep_slices
 from ._plugins import answering
-from ._records import FailureLog, FailureRecord, Layout, LoopState, PendingRecovery, RestoredFrom, StepHistory
+from ._records import (
+    FailureRecord, Layout, LoopState, PendingRecovery, RestoredFrom, RunContext, StepHistory,
+)
 from ._restore_sources import RestoreRequest, restore_from_best
 from .checkpoints._run_checkpoints import RunCheckpoints
 from ._snapshots import HostSnapshots
@@ -41,26 +41,6 @@ from ._take_back import take_back
 
 HEALTH_POLL_S = 0.05
 """How often slice health is asked while waiting for slices."""
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class RunContext:
-    """What recovery works with, in any loop.
-
-    :param cluster: the slices.
-    :param hooks: the plugins' hooks (:class:`GuardedHooks`).
-    :param plugin_manager: the manager behind them, to name a plugin in an error.
-    :param view: what hooks receive as ``trainer``.
-    :param clock: books detection and waiting.
-    :param failures: the run's failure records.
-    """
-
-    cluster: AbstractCluster
-    hooks: Any
-    plugin_manager: pluggy.PluginManager
-    view: object
-    clock: GoodputClock
-    failures: FailureLog
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

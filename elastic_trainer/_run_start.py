@@ -12,7 +12,7 @@ from jaxtyping import PyTree
 from ._goodput import GoodputClock
 from ._layouts import Layouts
 from ._ledger import SampleLedger
-from ._records import FailureLog, StepHistory
+from ._records import FailureLog, RunContext, StepHistory
 from ._recovery import TrainingContext
 from .checkpoints._run_checkpoints import RunCheckpoints, refuse_to_overwrite
 from ._snapshots import HostSnapshots
@@ -48,13 +48,13 @@ def start_run(trainer: Trainer, *, watchdog: Watchdog, failures: FailureLog) -> 
         split = isinstance(trainer.cluster, AbstractMultiControllerCluster)  # each process runs its own part
         step_cache = StepCache(functions, arrays, sample, within_slice=trainer.within_slice,
                                max_layouts=trainer.max_cached_layouts, split=split)
-    checkpoints = _run_checkpoints(trainer, clock, static)
-    layouts = Layouts(cluster=trainer.cluster, hooks=trainer.hook, view=trainer, clock=clock, steps=step_cache,
-                      global_batch_size=trainer.global_batch_size, release=checkpoints and checkpoints.release,
+    run = RunContext(cluster=trainer.cluster, hooks=trainer.hook, plugin_manager=trainer.plugin_manager,
+                     view=trainer, clock=clock, failures=failures)
+    checkpoints = _run_checkpoints(trainer, run, static)
+    layouts = Layouts(run, steps=step_cache, global_batch_size=trainer.global_batch_size, release=checkpoints and checkpoints.release,
                       take_back=lambda state, slices, returning: take_back(ctx, state, slices, returning))
     ctx = TrainingContext(
-        cluster=trainer.cluster, hooks=trainer.hook, plugin_manager=trainer.plugin_manager, view=trainer, clock=clock,
-        failures=failures, layouts=layouts, stragglers=StragglerWatch(trainer.straggler_rule),
+        **vars(run), layouts=layouts, stragglers=StragglerWatch(trainer.straggler_rule),
         checkpoints=checkpoints, snapshots=HostSnapshots(trainer.snapshot_period, jax.tree.structure(arrays)),
         history=StepHistory(SampleLedger(trainer.data.num_samples, seed=trainer.seed, start_position=0)),
         abstract=jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), arrays), static=static,
@@ -64,12 +64,12 @@ def start_run(trainer: Trainer, *, watchdog: Watchdog, failures: FailureLog) -> 
     return ctx, arrays
 
 
-def _run_checkpoints(trainer: Trainer, clock: GoodputClock, static: PyTree) -> RunCheckpoints | None:
+def _run_checkpoints(trainer: Trainer, run: RunContext, static: PyTree) -> RunCheckpoints | None:
     """The run's checkpoints (``None`` without a checkpointer), with what they check a resume against."""
     if trainer.checkpointer is None:
         return None
     return RunCheckpoints(
-        trainer.checkpointer, cluster=trainer.cluster, hooks=trainer.hook, view=trainer, clock=clock, static=static,
+        trainer.checkpointer, run, static=static,
         data_order={"seed": trainer.seed, "num_samples": trainer.data.num_samples},
         run_metadata={"global_batch_size": trainer.global_batch_size, "cluster": trainer.cluster.describe(),
                       "within_slice": trainer.within_slice},

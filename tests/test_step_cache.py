@@ -14,7 +14,7 @@ from elastic_trainer._state import init_train_state
 from elastic_trainer._step import make_step_functions
 from elastic_trainer._goodput import GoodputClock
 from elastic_trainer._layouts import Layouts
-from elastic_trainer._records import Layout
+from elastic_trainer._records import FailureLog, Layout, RunContext
 from elastic_trainer._step_cache import StepCache
 from elastic_trainer._compiled_step import FusedStep, SplitStep
 from elastic_trainer_plugins.scale_down import ScaleDown
@@ -179,14 +179,19 @@ class QueuedCompiles:
         self.kept = sorted(keep)
 
 
+def run_context(cluster, hooks, *, view):
+    """What Layouts reaches the cluster and the plugins through, for a test without a trainer."""
+    return RunContext(cluster=cluster, hooks=hooks, plugin_manager=None, view=view, clock=GoodputClock(),
+                      failures=FailureLog())
+
+
 def test_the_layouts_compiled_ahead_first_drop_the_slices_that_failed_most_often():
     cluster = et.SimulatedCluster(slices=4, devices_per_slice=2)
     for slice_, times in ((2, 2), (0, 1)):
         for _ in range(times):
             cluster.fail_slice(slice_, down_for_s=0)
     steps = QueuedCompiles()
-    layouts = Layouts(cluster=cluster, hooks=LikelyLayouts(), view=None, clock=GoodputClock(), steps=steps,
-                      global_batch_size=24)
+    layouts = Layouts(run_context(cluster, LikelyLayouts(), view=None), steps=steps, global_batch_size=24)
     full = Layout((0, 1, 2, 3), et.make_mesh(cluster.slice_devices()), 24, 1.0, None, None, 0.0, False)
     layouts.compile_likely(full)
     assert steps.queued == [(0, 1, 3), (1, 2, 3), (0, 2, 3), (0, 1, 2)]  # slice 2 failed twice, slice 0 once
@@ -200,8 +205,7 @@ class OneSliceFewer(LikelyLayouts):
 def test_the_likely_layouts_are_queued_once_per_layout_in_use_and_those_of_the_old_one_dropped():
     cluster = et.SimulatedCluster(slices=4, devices_per_slice=2)
     steps, view = QueuedCompiles(), type("View", (), {"slices": (0, 1, 2, 3)})()
-    layouts = Layouts(cluster=cluster, hooks=OneSliceFewer(), view=view, clock=GoodputClock(), steps=steps,
-                      global_batch_size=24)
+    layouts = Layouts(run_context(cluster, OneSliceFewer(), view=view), steps=steps, global_batch_size=24)
     layout = lambda slices: Layout(slices, et.make_mesh([cluster.slice_devices()[s] for s in slices]), 24, 1.0,  # noqa: E731
                                    None, None, 0.0, False)
     layouts.compile_likely(layout((0, 1, 2, 3)))

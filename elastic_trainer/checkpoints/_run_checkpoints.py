@@ -14,10 +14,9 @@ from jaxtyping import PyTree
 from ._checkpointer import Checkpointer
 from ._failed_writes import SaveEnded
 from ._checksums import ChecksumMismatch
-from ..clusters import AbstractCluster, AbstractMultiControllerCluster, SyncCall, release as release_slices
+from ..clusters import AbstractMultiControllerCluster, SyncCall, release as release_slices
 from .._failures import CheckpointWarning, ConfigError, SliceLostError, TrainingStopped
-from .._goodput import GoodputClock
-from .._records import LoopState
+from .._records import LoopState, RunContext
 
 
 def refuse_to_overwrite(checkpointer: Checkpointer) -> None:
@@ -60,23 +59,18 @@ class RunCheckpoints:
     (:class:`TrainingStopped`).
 
     :param checkpointer: where the checkpoints go.
-    :param cluster: checked after each save (a slice lost meanwhile makes it void).
-    :param hooks: the plugins' hooks; :param view: what they receive as ``trainer``.
-    :param clock: the run's clock (its start dates the saves for ``period="auto"``).
+    :param run: the cluster (checked after each save: a slice lost meanwhile makes it void), the plugins'
+        hooks, and the run's clock (its start dates the saves for ``period="auto"``).
     :param static: the train state's non-array part, for ``et_after_restore``.
     :param data_order: what fixes the sample order (``seed``, ``num_samples``), checked on restore.
     :param run_metadata: more fields for each checkpoint's metadata.
     """
 
     def __init__(
-        self, checkpointer: Checkpointer, *, cluster: AbstractCluster, hooks: Any, view: object,
-        clock: GoodputClock, static: PyTree, data_order: dict[str, int], run_metadata: dict[str, Any],
+        self, checkpointer: Checkpointer, run: RunContext, *, static: PyTree, data_order: dict[str, int], run_metadata: dict[str, Any],
     ):
         self.checkpointer = checkpointer
-        self._cluster = cluster
-        self._hooks = hooks
-        self._view = view
-        self._clock = clock
+        self._cluster, self._hooks, self._view, self._clock = run.cluster, run.hooks, run.view, run.clock
         self._static = static
         self._data_order = data_order
         self._run_metadata = run_metadata
