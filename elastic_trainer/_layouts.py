@@ -44,7 +44,8 @@ class Layouts:
     """
 
     def __init__(
-        self, run: RunContext, *, steps: StepCache, global_batch_size: int, release: Callable[[Sequence[int], Sequence[int]], None] | None = None,
+        self, run: RunContext, *, steps: StepCache, global_batch_size: int,
+        release: Callable[[Sequence[int], Sequence[int]], None] | None = None,
         take_back: Callable[[LoopState, tuple[int, ...], list[int]], LoopState] | None = None,
     ):
         self._cluster, self._hooks, self._view, self._clock = run.cluster, run.hooks, run.view, run.clock

@@ -28,9 +28,7 @@ from ._failures import (
 from ._layouts import Layouts
 from ._mesh import keep_slices
 from ._plugins import answering
-from ._records import (
-    FailureRecord, Layout, LoopState, PendingRecovery, RestoredFrom, RunContext, StepHistory,
-)
+from ._records import FailureRecord, Layout, LoopState, PendingRecovery, RestoredFrom, RunContext, StepHistory
 from ._restore_sources import RestoreRequest, restore_from_best
 from .checkpoints._run_checkpoints import RunCheckpoints
 from ._snapshots import HostSnapshots

@@ -51,7 +51,8 @@ def start_run(trainer: Trainer, *, watchdog: Watchdog, failures: FailureLog) -> 
     run = RunContext(cluster=trainer.cluster, hooks=trainer.hook, plugin_manager=trainer.plugin_manager,
                      view=trainer, clock=clock, failures=failures)
     checkpoints = _run_checkpoints(trainer, run, static)
-    layouts = Layouts(run, steps=step_cache, global_batch_size=trainer.global_batch_size, release=checkpoints and checkpoints.release,
+    layouts = Layouts(run, steps=step_cache, global_batch_size=trainer.global_batch_size,
+                      release=checkpoints and checkpoints.release,
                       take_back=lambda state, slices, returning: take_back(ctx, state, slices, returning))
     ctx = TrainingContext(
         **vars(run), layouts=layouts, stragglers=StragglerWatch(trainer.straggler_rule),

@@ -67,7 +67,8 @@ class RunCheckpoints:
     """
 
     def __init__(
-        self, checkpointer: Checkpointer, run: RunContext, *, static: PyTree, data_order: dict[str, int], run_metadata: dict[str, Any],
+        self, checkpointer: Checkpointer, run: RunContext, *, static: PyTree, data_order: dict[str, int],
+        run_metadata: dict[str, Any],
     ):
         self.checkpointer = checkpointer
         self._cluster, self._hooks, self._view, self._clock = run.cluster, run.hooks, run.view, run.clock
