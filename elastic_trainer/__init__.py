@@ -11,11 +11,13 @@ from .clusters import (
     AbstractMultiControllerCluster as AbstractMultiControllerCluster,
     AbstractProcessInjectableCluster as AbstractProcessInjectableCluster,
     AbstractRejoinCluster as AbstractRejoinCluster,
+    AbstractSpareCluster as AbstractSpareCluster,
     AbstractTimedCluster as AbstractTimedCluster,
     SyncCall as SyncCall,
     MultiprocessCluster as MultiprocessCluster,
     PathwaysCluster as PathwaysCluster,
     SimulatedCluster as SimulatedCluster,
+    mesh_slice_count as mesh_slice_count,
 )
 from ._elastic_retry import ElasticRun as ElasticRun, elastic_retry as elastic_retry
 from ._data import AbstractDataset as AbstractDataset, StdlibText as StdlibText, sample_ids as sample_ids
@@ -28,6 +30,7 @@ from ._failures import (
     RestartRequested as RestartRequested,
     RetryBudget as RetryBudget,
     SliceLostError as SliceLostError,
+    SpareWarning as SpareWarning,
     SyncMismatchError as SyncMismatchError,
     TrainingStopped as TrainingStopped,
 )

@@ -14,10 +14,10 @@ from typing import Any, NoReturn, TypeVar
 
 from jax.sharding import Mesh
 
-from .clusters import AbstractCluster, SyncCall
+from .clusters import AbstractCluster, SyncCall, mesh_slice_count
 from ._failures import ConfigError, PluginError
 from ._goodput import GoodputClock
-from ._layouts import make_mesh
+from ._layouts import make_mesh, with_spares
 from ._plugins import GuardedHooks, make_plugin_manager, strategy_name
 from ._records import FailureLog, PendingRecovery, RunContext
 from ._recovery import carry_out, choose_plan, classify, ends_run_if_stopped, finish_recovery
@@ -108,7 +108,7 @@ class ElasticRun:
                 raise error
             plan, healthy = carry_out(self._ctx, plan, index, error=error, restart=self._cannot_restart)
         self._use(healthy)
-        self._failures.amend(index, slices_after=len(healthy))
+        self._failures.amend(index, slices_after=len(self.slices))
         self._pending = PendingRecovery(index, self._failures[index].failed_at)
         self.attempt += 1
 
@@ -118,10 +118,11 @@ class ElasticRun:
                           "(full_restart) needs the trainer's command line, python -m elastic_trainer.")
 
     def _use(self, slices: list[int]) -> None:
-        """Mesh ``slices`` through the ``et_make_mesh`` hook; the data on them is as of now."""
+        """Mesh ``slices`` through the ``et_make_mesh`` hook, as many as a mesh holds (those in use first, then
+        spares); the data on them is as of now."""
         devices = self.cluster.slice_devices()
-        self.slices = tuple(slices)
-        self.mesh = make_mesh(self.hook, self, [devices[s] for s in slices])
+        self.slices = with_spares(slices, in_use=self.slices, limit=mesh_slice_count(self.cluster))
+        self.mesh = make_mesh(self.hook, self, [devices[s] for s in self.slices])
         self._incarnations = self.cluster.incarnations()
 
 

@@ -175,6 +175,11 @@ class CheckpointWarning(UserWarning):
     """A checkpoint was skipped (unreadable); an older one is used instead."""
 
 
+class SpareWarning(UserWarning):
+    """Spare slices and the strategy do not go together: spares the strategy never takes in, or a strategy
+    that swaps with no spare to swap in."""
+
+
 class SyncMismatchError(RuntimeError):
     """Live processes made different synchronization calls under one agreement's number; the message names both.
     A bug (in a plugin or the framework), never the hardware's: the run stops."""

@@ -11,7 +11,7 @@ from typing import Any
 import jax
 from jax.sharding import Mesh
 
-from .clusters import release as release_slices, returning_slices
+from .clusters import mesh_slice_count, release as release_slices, returning_slices
 from ._failures import ConfigError, PluginError, RecoveryPlan
 from ._mesh import DEVICE_AXIS, SLICE_AXIS, keep_slices
 from ._records import Layout, LoopState, ResizeRecord, RunContext
@@ -27,6 +27,13 @@ def make_mesh(hooks: Any, view: object, slice_devices: Sequence[Sequence[jax.Dev
             f"with axes ({SLICE_AXIS!r}, {DEVICE_AXIS!r})."
         )
     return mesh
+
+
+def with_spares(candidates: Sequence[int], *, in_use: Sequence[int], limit: int) -> tuple[int, ...]:
+    """At most ``limit`` of ``candidates``, the slices a mesh takes from them: those of ``in_use`` first, then the
+    others (spares, a lost slice back among them), lowest first; sorted."""
+    ordered = sorted(set(candidates), key=lambda s: (s not in in_use, s))
+    return tuple(sorted(ordered[:limit]))
 
 
 class Layouts:
@@ -56,6 +63,17 @@ class Layouts:
         self.resizes: list[ResizeRecord] = []
         """Every change of the slices in use, as the report lists them."""
         self._likely_from: tuple[int, ...] | None = None  # the layout whose likely next ones were queued last
+
+    @property
+    def limit(self) -> int:
+        """The most slices a layout holds: the cluster's, less its spares (:func:`~elastic_trainer.clusters.mesh_slice_count`)."""
+        return mesh_slice_count(self._cluster)
+
+    def spares(self, in_use: Sequence[int]) -> list[int]:
+        """The spares now: healthy slices out of ``in_use`` (none asked for on a cluster without spares)."""
+        if self.limit == len(self._cluster.slice_devices()):
+            return []
+        return [s for s in self._hooks.et_slice_health(trainer=self._view) if s not in in_use]
 
     def make(self, slices: Sequence[int], *, plan: RecoveryPlan | None = None, at_start: bool = False) -> Layout:
         """Mesh ``slices`` and get a step compiled for them, with ``plan``'s batch policy; the meshing is booked
@@ -88,8 +106,9 @@ class Layouts:
             return
         self._likely_from = layout.slices
         all_devices, failures = self._cluster.slice_devices(), self._cluster.incarnations()
-        likely = dict.fromkeys(tuple(sorted(s)) for layouts in self._hooks.et_likely_layouts(trainer=self._view)
-                               for s in layouts)
+        spares = self.spares(layout.slices)
+        likely = dict.fromkeys(with_spares([*slices, *spares], in_use=slices, limit=self.limit)
+                               for layouts in self._hooks.et_likely_layouts(trainer=self._view) for slices in layouts)
         self._steps.drop_queued(keep=list(likely))
 
         def likeliest_first(slices: tuple[int, ...]) -> tuple[int, int]:
@@ -115,7 +134,7 @@ class Layouts:
         healthy = self._hooks.et_slice_health(trainer=self._view)
         returning = [s for s in returning_slices(self._cluster) if s not in healthy]
         target = self._hooks.et_propose_resize(trainer=self._view, healthy_slices=sorted({*healthy, *returning}))
-        target = layout.slices if target is None else tuple(sorted(target))
+        target = layout.slices if target is None else with_spares(target, in_use=layout.slices, limit=self.limit)
         if set(returning) & set(target):
             return self._take_back(state, target, returning)
         if target == layout.slices:
@@ -148,7 +167,7 @@ class Layouts:
         """The global batch and learning-rate scale on ``mesh`` under ``plan``'s batch policy."""
         batch_size, lr_scale = self._global_batch_size, 1.0
         if plan is not None and not plan.keep_global_batch:
-            full_devices = len(self._cluster.slice_devices()) * mesh.shape[DEVICE_AXIS]
+            full_devices = self.limit * mesh.shape[DEVICE_AXIS]
             batch_size = self._global_batch_size * mesh.size // full_devices
             ratio = batch_size / self._global_batch_size
             lr_scale = {"linear": ratio, "sqrt": math.sqrt(ratio), "none": 1.0}[plan.lr_scaling]

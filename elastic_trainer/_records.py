@@ -96,9 +96,12 @@ class FailureRecord:
     action and wait, the new layout's compile and re-mesh, the restore, and
     ``recovery_s`` once the first productive step after it has ended
     (``None`` until then, and for good when the run ended first). A failure
-    that stopped the run has ``ended_run`` set. Optional parts that did not
-    happen (``fell_back_from``, ``regrouped``, the compile and restore of a
-    recovery that stopped) are left out of :meth:`to_json`.
+    that stopped the run has ``ended_run`` set. On a cluster with spares,
+    ``spares_taken`` are the spares the new layout took in the lost slices'
+    place and ``spares_left`` the healthy ones still out of it. Optional parts
+    that did not happen (``fell_back_from``, ``regrouped``, the compile and
+    restore of a recovery that stopped, spares on a cluster without) are left
+    out of :meth:`to_json`.
     """
 
     step: int
@@ -122,11 +125,13 @@ class FailureRecord:
     remesh_s: float | None = None
     restore_s: float | None = None
     processes: tuple[int, ...] | None = None
+    spares_taken: tuple[int, ...] | None = None
+    spares_left: int | None = None
 
     _REPORT_ORDER = (
         "step", "phase", "slice", "slices", "processes", "kind", "action", "slices_before", "slices_after", "restored_from",
         "lost_steps", "recovery_s", "ended_run", "failed_at", "detection_s", "waiting_s", "fell_back_from", "regrouped",
-        "compile_s", "compile_cached", "remesh_s", "restore_s",
+        "compile_s", "compile_cached", "remesh_s", "restore_s", "spares_taken", "spares_left",
     )
 
     def to_json(self) -> dict[str, Any]:
@@ -138,8 +143,10 @@ class FailureRecord:
             "slices_after": self.slices_before if self.slices_after is None else self.slices_after,
             "fell_back_from": None if self.fell_back_from is None else list(self.fell_back_from),
             "processes": None if self.processes is None else list(self.processes),
+            "spares_taken": None if self.spares_taken is None else list(self.spares_taken),
         }
-        optional = ("processes", "waiting_s", "fell_back_from", "regrouped", "compile_s", "compile_cached", "remesh_s", "restore_s")
+        optional = ("processes", "waiting_s", "fell_back_from", "regrouped", "compile_s", "compile_cached", "remesh_s",
+                    "restore_s", "spares_taken", "spares_left")
         return {k: fields[k] for k in self._REPORT_ORDER if not (k in optional and fields[k] is None)}
 
 

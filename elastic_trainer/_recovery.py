@@ -21,11 +21,11 @@ from typing import NoReturn
 import jax
 from jaxtyping import PyTree
 
-from .clusters import AbstractInjectableCluster, AbstractRejoinCluster, returning_slices
+from .clusters import AbstractInjectableCluster, AbstractRejoinCluster, mesh_slice_count, returning_slices
 from ._failures import (
     ConfigError, Failure, PluginError, RecoveryPlan, RestartRequested, SliceLostError, TrainingStopped,
 )
-from ._layouts import Layouts
+from ._layouts import Layouts, with_spares
 from ._mesh import keep_slices
 from ._plugins import answering
 from ._records import FailureRecord, Layout, LoopState, PendingRecovery, RestoredFrom, RunContext, StepHistory
@@ -126,7 +126,7 @@ def carry_out(
 
     :returns: the plan carried out and the healthy slices.
     """
-    total = len(ctx.cluster.slice_devices())
+    total = mesh_slice_count(ctx.cluster)  # every slice a mesh holds; a spare stands for a lost one
     waited, fell_back_from = 0.0, ()
     while True:
         ctx.failures.amend(index, action=plan.action, waiting_s=waited)
@@ -157,7 +157,7 @@ def _waits_in_vain(ctx: RunContext, plan: RecoveryPlan, total: int) -> bool:
     """Whether ``plan`` would wait for lost slices that do not come back within its wait."""
     healthy = ctx.cluster.healthy_slices()
     waits = plan.wait_for_all_s and len(healthy) < total or plan.wait_for_min_s and len(healthy) < plan.min_slices
-    lost = [s for s in range(total) if s not in healthy]
+    lost = [s for s in range(len(ctx.cluster.slice_devices())) if s not in healthy]
     rejoins = isinstance(ctx.cluster, AbstractRejoinCluster)  # elsewhere a lost slice may come back any time
     return bool(waits) and rejoins and not ctx.cluster.lost_slices_return(
         lost, within_s=max(plan.wait_for_all_s, plan.wait_for_min_s))
@@ -242,6 +242,7 @@ def _recover_from(ctx: TrainingContext, failure: Failure, index: int, error: Exc
             "the traditional way; select one with +strategy=NAME to keep training through failures."
         ) from error
     plan, healthy = carry_out(ctx, plan, index, error=error, restart=lambda: restart(ctx, index, state, error=error))
+    healthy = list(with_spares(healthy, in_use=old.slices, limit=ctx.layouts.limit))  # spares past it stay out
     returning = [s for s in healthy if s in returning_slices(ctx.cluster)]  # taken back in once recovered
     healthy = [s for s in healthy if s not in returning]
     lost = lost_slices(ctx, old.slices, failure.slices, state.incarnations)  # more may have failed meanwhile
@@ -265,6 +266,9 @@ def _recover_from(ctx: TrainingContext, failure: Failure, index: int, error: Exc
         slices_after=len(new.slices),
     )
     ctx.layouts.record_resize(step, old, new, reason="failure", seconds=remesh_s + record.compile_s + record.restore_s)
+    if ctx.layouts.limit < len(ctx.cluster.slice_devices()):  # a cluster with spares: which took a lost slice's place
+        ctx.failures.amend(index, spares_taken=tuple(s for s in new.slices if s not in old.slices),
+                           spares_left=len(ctx.layouts.spares(new.slices)))
     recovered = LoopState(
         arrays, new, step=int(arrays.step), position=int(arrays.data_position),
         incarnations=ctx.cluster.incarnations(), pending=PendingRecovery(index, record.failed_at),

@@ -83,7 +83,7 @@ def summary_table(report: dict[str, Any]) -> Table:
             f"failure @ {failure['step']}",
             f"slices {failure['slices']} {failure['kind']}: {failure['action']}, "
             f"{failure['slices_before']} -> {failure['slices_after']} slices, from {failure['restored_from']}, "
-            f"{failure['lost_steps']} steps lost, {recovered}",
+            f"{failure['lost_steps']} steps lost, {recovered}" + _spares(failure),
         )
     for resize in report["resizes"]:
         if resize.get("state_from_peer"):
@@ -108,6 +108,13 @@ def summary_table(report: dict[str, Any]) -> Table:
     if report.get("stopped"):
         table.add_row("stopped", report["stopped"])
     return table
+
+
+def _spares(failure: dict[str, Any]) -> str:
+    """The spares a failure's recovery took, for its summary line (nothing on a cluster without spares)."""
+    if "spares_taken" not in failure:
+        return ""
+    return f"; spare(s) {failure['spares_taken']} in, {failure['spares_left']} left"
 
 
 def merge_worker_reports(

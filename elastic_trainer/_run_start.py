@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from typing import TYPE_CHECKING
 
 import equinox as eqx
@@ -23,7 +24,8 @@ from ._step_runner import StepRunner
 from ._stragglers import StragglerWatch
 from ._take_back import take_back
 from ._watchdog import Watchdog
-from .clusters import AbstractMultiControllerCluster, admission_of
+from ._failures import SpareWarning
+from .clusters import AbstractMultiControllerCluster, admission_of, mesh_slice_count
 
 if TYPE_CHECKING:
     from ._trainer import Trainer
@@ -40,6 +42,9 @@ def start_run(trainer: Trainer, *, watchdog: Watchdog, failures: FailureLog) -> 
         state = init_train_state(trainer.model, trainer.optimizer,
                                  key=jax.random.fold_in(jax.random.key(trainer.seed), 1))
     trainer.hook.et_run_start(trainer=trainer, state=state)
+    if trainer.strategy is None and mesh_slice_count(trainer.cluster) < len(trainer.cluster.slice_devices()):
+        warnings.warn("the cluster keeps spare slices but no strategy is selected, so a failure stops training and "
+                      "no spare is used; select one with +strategy=hot_swap.", SpareWarning, stacklevel=3)
     with clock.measure("startup"):
         arrays, static = eqx.partition(state, eqx.is_array)
         sample = jax.tree.map(np.asarray, trainer.data.get_batch(np.zeros(1, dtype=np.int64)))

@@ -333,8 +333,7 @@ class Trainer:
         self._ctx, arrays = start_run(self, watchdog=self._watchdog, failures=self._failures)
         ctx, clock = self._ctx, self._ctx.clock
         incarnations, joined = self.cluster.incarnations(), admission_of(self.cluster)  # as of the state in hand
-        layout = ctx.layouts.make(joined.slices if joined else range(len(self.cluster.slice_devices())),
-                                  at_start=True)
+        layout = ctx.layouts.make(joined.slices if joined else range(ctx.layouts.limit), at_start=True)
         with clock.measure("startup"):
             arrays = put_on(arrays, layout.shardings)
         if joined:  # a replacement: the state comes from the live processes

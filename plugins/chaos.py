@@ -196,7 +196,7 @@ class Chaos:
         if step not in self._random_steps:
             self._random_steps.add(step)
             self._remember(trainer)
-            candidates = [s for s in trainer.slices if s not in trainer.cluster.spared_slices]
+            candidates = [s for s in trainer.slices if s not in trainer.cluster.protected_slices]
             if candidates:
                 trainer.cluster.fail_slice(int(rng.choice(candidates)), down_for_s=self.random_down_for_s)
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import warnings
+
 import elastic_trainer as et
 
 
@@ -18,6 +20,15 @@ class FullRestart(et.AbstractStrategy):
         if max_restarts < 0:
             raise et.ConfigError(f"strategy.max_restarts must be at least 0, got {max_restarts}.")
         self.max_restarts = max_restarts
+
+    @et.hookimpl
+    def et_run_start(self, trainer: et.TrainerView, state: et.TrainState) -> None:
+        """Warn once when the cluster keeps spares: a fresh worker starts on the first slices again, so a spare
+        never takes a lost slice's place."""
+        if et.mesh_slice_count(trainer.cluster) < len(trainer.cluster.slice_devices()):
+            warnings.warn("full_restart never takes a spare slice in (a fresh worker starts on the first slices "
+                          "again); choose +strategy=hot_swap, scale_down or pause_resume to use cluster.spare_slices.",
+                          et.SpareWarning, stacklevel=2)
 
     @et.hookimpl
     def et_choose_recovery(self, trainer: et.RunView, failure: et.Failure) -> et.RecoveryPlan:

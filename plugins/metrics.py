@@ -15,7 +15,8 @@ class AbstractMetricsSink(abc.ABC):
     Every step: ``train/loss``, ``train/samples_per_s`` and ``train/slices``
     (the slices in use). At the end: ``run/goodput``, each badput category
     (``badput/<category>_s``), and for each failure, at its step,
-    ``failures/recovery_s`` and ``failures/lost_steps``. A sink implements
+    ``failures/recovery_s``, ``failures/lost_steps`` and, on a cluster with
+    spares, ``failures/spares_left``. A sink implements
     :meth:`open`, :meth:`write` and :meth:`close`: a new sink is one small
     class (see :class:`TensorBoard`).
 
@@ -70,6 +71,8 @@ class AbstractMetricsSink(abc.ABC):
             if failure["recovery_s"] is not None:  # null: the run ended before it recovered
                 self.write("failures/recovery_s", failure["recovery_s"], failure["step"])
             self.write("failures/lost_steps", failure["lost_steps"], failure["step"])
+            if "spares_left" in failure:  # a cluster with spares
+                self.write("failures/spares_left", failure["spares_left"], failure["step"])
         self.close()
 
 

@@ -29,10 +29,10 @@ class PauseResume(et.AbstractStrategy):
 
     @et.hookimpl
     def et_choose_recovery(self, trainer: et.RunView, failure: et.Failure) -> et.RecoveryPlan:
-        """Wait up to ``timeout_s`` for every slice, and need all of them back."""
+        """Wait up to ``timeout_s`` for every slice, and need all of them back (or spares in their place)."""
         self.retries.spend(failure.step)
         return et.RecoveryPlan(
             action="pause_resume",
             wait_for_all_s=self.timeout_s,
-            min_slices=len(trainer.cluster.slice_devices()),
+            min_slices=et.mesh_slice_count(trainer.cluster),
         )

@@ -87,14 +87,14 @@ class ScaleDown(et.AbstractStrategy):
     def et_run_start(self, trainer: et.TrainerView, state: et.TrainState) -> None:
         """Check that the cluster has enough slices to ever satisfy ``min_slice_count``, and, under
         ``keep_global``, that the global batch divides over every device count the run may scale down to."""
-        slices = trainer.cluster.slice_devices()
-        if self.min_slice_count > len(slices):
+        slices = et.mesh_slice_count(trainer.cluster)
+        if self.min_slice_count > slices:
             raise et.ConfigError(
-                f"strategy.min_slice_count ({self.min_slice_count}) is above the cluster's {len(slices)} slices."
+                f"strategy.min_slice_count ({self.min_slice_count}) is above the cluster's {slices} slices."
             )
         if self.batch_policy == "keep_global":  # keep_per_device shrinks the batch with the devices
-            _check_batch_divides(trainer.global_batch_size, devices_per_slice=len(slices[0]),
-                                slice_counts=range(self.min_slice_count, len(slices) + 1))
+            _check_batch_divides(trainer.global_batch_size, devices_per_slice=len(trainer.cluster.slice_devices()[0]),
+                                slice_counts=range(self.min_slice_count, slices + 1))
 
     @et.hookimpl
     def et_choose_recovery(self, trainer: et.RunView, failure: et.Failure) -> et.RecoveryPlan:
@@ -138,11 +138,11 @@ class ScaleDown(et.AbstractStrategy):
 
     def _stragglers_to_drop(self, trainer: et.TrainerView) -> list[int]:
         """The stragglers in use to drop now: none unless ``drop_stragglers``, never one whose loss would end the
-        job (``cluster.spared_slices``), and none if fewer than ``min_slice_count`` slices would be left."""
+        job (``cluster.protected_slices``), and none if fewer than ``min_slice_count`` slices would be left."""
         if not self.drop_stragglers:
             return []
-        spared = trainer.cluster.spared_slices if isinstance(trainer.cluster, et.AbstractInjectableCluster) else ()
-        drop = sorted(s for s in trainer.stragglers if s in trainer.slices and s not in spared)
+        protected = trainer.cluster.protected_slices if isinstance(trainer.cluster, et.AbstractInjectableCluster) else ()
+        drop = sorted(s for s in trainer.stragglers if s in trainer.slices and s not in protected)
         return drop if len(trainer.slices) - len(drop) >= self.min_slice_count else []
 
 

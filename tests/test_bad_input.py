@@ -85,6 +85,7 @@ BAD_VALUES = [
     ("cluster/simulated.slices", ["cluster.slices=0"], "cluster.slices must be at least 1, got 0."),
     ("cluster/simulated.devices_per_slice", ["cluster.devices_per_slice=-2"],
      "cluster.devices_per_slice must be at least 1, got -2."),
+    ("cluster/simulated.spare_slices", ["cluster.spare_slices=-1"], "cluster.spare_slices must be at least 0, got -1."),
     ("cluster/multiprocess.num_processes", ["cluster=multiprocess", "cluster.num_processes=0"],
      "cluster.num_processes must be at least 1, got 0."),
     ("cluster/multiprocess.num_processes", ["cluster=multiprocess", "cluster.num_processes=5"],
@@ -178,6 +179,12 @@ BAD_VALUES = [
      "strategy.max_retries must be at least 0, got -1."),
     ("strategy/full_restart.max_restarts", ["+strategy=full_restart", "strategy.max_restarts=-1"],
      "strategy.max_restarts must be at least 0, got -1."),
+    ("strategy/hot_swap.max_retries", ["+strategy=hot_swap", "strategy.max_retries=-1"],
+     "strategy.max_retries must be at least 0, got -1."),
+    ("strategy/hot_swap.retry_reset_steps", ["+strategy=hot_swap", "strategy.retry_reset_steps=-1"],
+     "strategy.retry_reset_steps must be at least 0, got -1."),
+    ("strategy/hot_swap.compile_ahead", ["+strategy=hot_swap", "strategy.compile_ahead=maybe"],
+     "strategy.compile_ahead: value 'maybe' is not a valid bool"),
     ("strategy/fallback.strategies", ["+strategy=pause_then_scale_down", "strategy.strategies=[]"],
      "strategy.strategies must name at least two strategies to fall back between."),
     ("chaos/chaos.mean_steps_between_failures", ["+chaos=random", "chaos.mean_steps_between_failures=-1"],
@@ -344,7 +351,9 @@ def assert_fails_with(result, message: str) -> None:
     (["trainer.steps=ten"], "trainer.steps: value 'ten' of type 'str' could not be converted to Integer."),
     # the multi-process launcher checks the config before it starts any process (each would say it again)
     (["cluster=multiprocess", "cluster.heartbeat_timeout_s=0"], "cluster.heartbeat_timeout_s must be at least 1, got 0."),
-], ids=["slices", "steps", "multiprocess"])
+    (["cluster=pathways", "cluster.spare_slices=1"], "cluster=pathways keeps no spare slices: cluster.spare_slices is "
+     "cluster=simulated's only"),
+], ids=["slices", "steps", "multiprocess", "spares_on_pathways"])
 def test_a_bad_value_through_the_cli_touches_no_checkpoint(checkpoints, tmp_path, case, message):
     before = checksums(checkpoints)
     result = resume_cli(checkpoints, tmp_path / "run", *case)

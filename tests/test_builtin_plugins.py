@@ -29,7 +29,7 @@ def test_progress_bar_on_a_terminal_shows_step_loss_and_throughput(tiny_trainer_
 
 
 class RecordingCluster:
-    spared_slices = ()  # as et.AbstractInjectableCluster declares
+    protected_slices = ()  # as et.AbstractInjectableCluster declares
 
     def __init__(self):
         self.lost = []

@@ -48,7 +48,7 @@ def test_checkpoint_metadata_is_json_with_the_layout(tiny_trainer_kwargs, tmp_pa
     et.Trainer(**tiny_trainer_kwargs(steps=2, checkpointer=et.Checkpointer(tmp_path, period=2))).fit()
     metadata = json.loads((tmp_path / "2" / "metadata" / "metadata").read_text())
     assert metadata["step"] == 2 and metadata["data_position"] == 32
-    assert metadata["cluster"] == {"kind": "simulated", "slices": 4, "devices_per_slice": 2}
+    assert metadata["cluster"] == {"kind": "simulated", "slices": 4, "devices_per_slice": 2, "spare_slices": 0}
     assert metadata["mesh"] == {"slice": 4, "device": 2}
 
 

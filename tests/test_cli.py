@@ -29,7 +29,7 @@ def test_twenty_steps_write_a_complete_report(tmp_path):
     report = json.loads((tmp_path / "report.json").read_text())
     assert REPORT_FIELDS <= set(report)
     assert report["steps_completed"] == report["steps_target"] == 20
-    assert report["cluster"] == {"kind": "simulated", "slices": 4, "devices_per_slice": 2}
+    assert report["cluster"] == {"kind": "simulated", "slices": 4, "devices_per_slice": 2, "spare_slices": 0}
     assert report["final_loss"] < report["loss_first"]
     assert report["samples"]["consumed"] == 20 * 48
     assert report["badput_s"]["startup"] > 0 and report["badput_s"]["compile"] > 0

@@ -26,6 +26,7 @@ def public_members(cls, *, below=object):
     (et.AbstractRejoinCluster, et.AbstractMultiControllerCluster),
     (et.AbstractInjectableCluster, et.AbstractCluster),
     (et.AbstractProcessInjectableCluster, et.AbstractInjectableCluster),
+    (et.AbstractSpareCluster, et.AbstractCluster),
     (PlatformLayer, object),
 ])
 def test_every_member_is_named(cls, below):

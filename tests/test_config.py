@@ -49,7 +49,7 @@ def test_build_trainer_builds_the_default_workload():
     assert isinstance(trainer.model, et.Transformer)
     assert isinstance(trainer.data, et.StdlibText)
     assert trainer.steps == 17 and trainer.global_batch_size == 48
-    assert trainer.cluster.describe() == {"kind": "simulated", "slices": 4, "devices_per_slice": 2}
+    assert trainer.cluster.describe() == {"kind": "simulated", "slices": 4, "devices_per_slice": 2, "spare_slices": 0}
 
 
 @pytest.mark.parametrize(

@@ -28,10 +28,11 @@ from elastic_trainer.config._schemas import (
 from elastic_trainer_plugins.chaos import Chaos, ScheduledFailure
 from elastic_trainer_plugins.metrics import TensorBoard
 from elastic_trainer_plugins.full_restart import FullRestart
+from elastic_trainer_plugins.hot_swap import HotSwap
 from elastic_trainer_plugins.pause_resume import PauseResume
 from elastic_trainer_plugins.scale_down import ScaleDown
 
-STRATEGIES = {"scale_down": ScaleDown, "pause_resume": PauseResume, "full_restart": FullRestart}
+STRATEGIES = {"scale_down": ScaleDown, "pause_resume": PauseResume, "full_restart": FullRestart, "hot_swap": HotSwap}
 CHAIN_OVERRIDES = [{"timeout_s": 30.0}, {}]  # pause_then_scale_down waits 30 s, not pause_resume's 300 s
 PARAMETRIZE = pytest.mark.parametrize(("name", "cls"), STRATEGIES.items(), ids=STRATEGIES)
 
@@ -138,6 +139,14 @@ def test_each_member_of_pause_then_scale_down_has_its_class_defaults_but_the_doc
         cls = get_class(member["_target_"])
         assert without_target(member, cls) == constructor_defaults(cls) | overrides
     assert constructor_defaults(PauseResume)["timeout_s"] != CHAIN_OVERRIDES[0]["timeout_s"]  # a real override
+
+
+def test_each_member_of_swap_then_scale_down_has_its_class_defaults():
+    members = OmegaConf.to_container(compose_config("+strategy=swap_then_scale_down").strategy.strategies)
+    assert [member["_target_"] for member in members] == [target(HotSwap), target(ScaleDown)]
+    for member in members:
+        cls = get_class(member["_target_"])
+        assert without_target(member, cls) == constructor_defaults(cls)
 
 
 @pytest.mark.parametrize(("name", "cls"), SCHEMA_CLASSES.items(), ids=SCHEMA_CLASSES)

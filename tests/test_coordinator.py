@@ -15,10 +15,10 @@ from elastic_trainer.launch._launcher import _say_who_ended
 
 def test_any_slice_may_be_lost_with_a_separate_coordinator_but_not_process_0s_with_process0():
     separate = et.MultiprocessCluster(num_processes=3)
-    assert separate.coordinator == "separate" and separate.spared_slices == ()
+    assert separate.coordinator == "separate" and separate.protected_slices == ()
     separate._injection._check_index(0)  # allowed: the launcher hosts the service
     in_process_0 = et.MultiprocessCluster(num_processes=3, coordinator="process0")
-    assert in_process_0.spared_slices == (0,)
+    assert in_process_0.protected_slices == (0,)
     with pytest.raises(ConfigError, match="slice 0 holds process 0, which hosts JAX's coordination service"):
         in_process_0.fail_slice(0, down_for_s=1.0)
 

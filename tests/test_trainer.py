@@ -39,7 +39,7 @@ def test_user_model_loss_and_optimizer_from_python():
     assert int(state.data_position) == 60 * 32 == report["samples"]["consumed"]
     assert report["final_loss"] < 0.2 * report["loss_first"]
     assert trainer.mesh.shape == {"slice": 2, "device": 2}
-    assert report["cluster"] == {"kind": "simulated", "slices": 2, "devices_per_slice": 2}
+    assert report["cluster"] == {"kind": "simulated", "slices": 2, "devices_per_slice": 2, "spare_slices": 0}
 
 
 def params_of(state):

@@ -6,9 +6,11 @@ from ._base import (
     AbstractMultiControllerCluster as AbstractMultiControllerCluster,
     AbstractProcessInjectableCluster as AbstractProcessInjectableCluster,
     AbstractRejoinCluster as AbstractRejoinCluster,
+    AbstractSpareCluster as AbstractSpareCluster,
     AbstractTimedCluster as AbstractTimedCluster,
     SyncCall as SyncCall,
     admission_of as admission_of,
+    mesh_slice_count as mesh_slice_count,
     release as release,
     returning_slices as returning_slices,
 )

@@ -183,12 +183,28 @@ def release(cluster: AbstractCluster, slices: Sequence[int]) -> None:
         cluster.release(slices)
 
 
+class AbstractSpareCluster(AbstractCluster):
+    """A cluster with spare slices: slices of the job kept out of the mesh, each ready to take the place of a
+    lost one (docs/clusters.md, "Spare slices")."""
+
+    spare_slices: int = 0
+    """How many of :meth:`slice_devices` are spares at the start: the last ones. A mesh never holds more slices
+    than the others (:func:`mesh_slice_count`); any healthy slice out of the mesh is a spare, a lost one back
+    included."""
+
+
+def mesh_slice_count(cluster: AbstractCluster) -> int:
+    """The most slices a mesh of ``cluster`` holds: all of them but its spares."""
+    spares = cluster.spare_slices if isinstance(cluster, AbstractSpareCluster) else 0
+    return len(cluster.slice_devices()) - spares
+
+
 class AbstractInjectableCluster(AbstractCluster):
     """A cluster whose slices can be lost on purpose: what failure injection (``+chaos=``) needs. Where the
     hardware does not really lose them, the cluster also shows what it would (:meth:`check_launch`,
     :meth:`surviving`)."""
 
-    spared_slices: tuple[int, ...] = ()
+    protected_slices: tuple[int, ...] = ()
     """Slices that random failure injection never picks (a slice whose loss would end the job)."""
 
     @abc.abstractmethod

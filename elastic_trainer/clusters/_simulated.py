@@ -11,14 +11,15 @@ from jaxtyping import PyTree
 
 from .._failures import ConfigError, SliceLostError
 from ..config._settings import check_simulated_settings
-from ._base import AbstractInjectableCluster, AbstractTimedCluster, SyncCall
+from ._base import AbstractInjectableCluster, AbstractSpareCluster, AbstractTimedCluster, SyncCall
 
 
-class SimulatedCluster(AbstractInjectableCluster, AbstractTimedCluster):
+class SimulatedCluster(AbstractInjectableCluster, AbstractSpareCluster, AbstractTimedCluster):
     """Slices made of CPU devices in this process, standing in for accelerator slices.
 
     :param slices: number of slices (data parallel across them).
     :param devices_per_slice: CPU devices in each slice.
+    :param spare_slices: slices more, kept out of the mesh as spares (the last ones).
 
     A slice fails with :meth:`fail_slice` (the chaos plugin calls it) the way
     a real one does: the next step on a mesh that includes it raises a
@@ -34,21 +35,26 @@ class SimulatedCluster(AbstractInjectableCluster, AbstractTimedCluster):
 
     kind = "simulated"
 
-    def __init__(self, slices: int = 4, devices_per_slice: int = 2):
-        check_simulated_settings(slices=slices, devices_per_slice=devices_per_slice)
+    def __init__(self, slices: int = 4, devices_per_slice: int = 2, spare_slices: int = 0):
+        check_simulated_settings(slices=slices, devices_per_slice=devices_per_slice, spare_slices=spare_slices)
         self.slices = slices
         self.devices_per_slice = devices_per_slice
-        self._down_until = [0.0] * slices
-        self._failures = [0] * slices
+        self.spare_slices = spare_slices
+        self._down_until = [0.0] * self._all_slices
+        self._failures = [0] * self._all_slices
         self._hung: set[int] = set()
         self._slow: dict[int, tuple[float, float]] = {}  # slice -> (factor, until when)
         self._dispatched_at: float | None = None
         self._step_seconds: dict[int, float] = {}
 
     @property
+    def _all_slices(self) -> int:
+        return self.slices + self.spare_slices
+
+    @property
     def num_devices(self) -> int:
-        """Devices in all slices together."""
-        return self.slices * self.devices_per_slice
+        """Devices in all slices together, the spares' included."""
+        return self._all_slices * self.devices_per_slice
 
     def configure_jax(self) -> None:
         """Ask JAX for enough CPU devices, or check that it already has them."""
@@ -71,10 +77,11 @@ class SimulatedCluster(AbstractInjectableCluster, AbstractTimedCluster):
     def slice_devices(self) -> list[list[jax.Device]]:
         devices = self._cpu_devices()
         n = self.devices_per_slice
-        return [list(devices[i * n : (i + 1) * n]) for i in range(self.slices)]
+        return [list(devices[i * n : (i + 1) * n]) for i in range(self._all_slices)]
 
     def describe(self) -> dict:
-        return {"kind": self.kind, "slices": self.slices, "devices_per_slice": self.devices_per_slice}
+        return {"kind": self.kind, "slices": self.slices, "devices_per_slice": self.devices_per_slice,
+                "spare_slices": self.spare_slices}
 
     def fail_slice(self, index: int, *, down_for_s: float) -> None:
         """Lose slice ``index`` now; it comes back after ``down_for_s`` seconds."""
@@ -93,8 +100,8 @@ class SimulatedCluster(AbstractInjectableCluster, AbstractTimedCluster):
         self._slow[index] = (factor, time.monotonic() + for_s)
 
     def _check_index(self, index: int) -> None:
-        if not 0 <= index < self.slices:
-            raise ConfigError(f"slice {index} does not exist; the cluster has slices 0 to {self.slices - 1}.")
+        if not 0 <= index < self._all_slices:
+            raise ConfigError(f"slice {index} does not exist; the cluster has slices 0 to {self._all_slices - 1}.")
 
     def healthy_slices(self) -> list[int]:
         now = time.monotonic()

@@ -72,10 +72,11 @@ def check_multiprocess_settings(
         )
 
 
-def check_simulated_settings(*, slices: int, devices_per_slice: int) -> None:
+def check_simulated_settings(*, slices: int, devices_per_slice: int, spare_slices: int) -> None:
     """Raise :class:`ConfigError` with one sentence for any bad ``cluster.*`` value of ``cluster=simulated``."""
     check_at_least("cluster.slices", slices, 1)
     check_at_least("cluster.devices_per_slice", devices_per_slice, 1)
+    check_at_least("cluster.spare_slices", spare_slices, 0)
 
 
 def check_transformer_settings(

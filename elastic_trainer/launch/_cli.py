@@ -264,10 +264,19 @@ def check_values(overrides: list[str]) -> None:
             compose("config", overrides=arguments)
         except ConfigCompositionException as error:
             cause = error.__cause__
+            if isinstance(cause, OmegaConfBaseException) and cause.full_key == "cluster.spare_slices":
+                raise ConfigError(_no_spares_message(parsed)) from error
             if isinstance(cause, OmegaConfBaseException) and cause.full_key:
                 raise ConfigError(_override_message(cause, _failed_key(error, parsed))) from error
         except Exception:  # noqa: BLE001 - anything else: Hydra composes again and explains it
             return
+
+
+def _no_spares_message(overrides: list[Override]) -> str:
+    """One sentence for ``cluster.spare_slices`` set on a cluster that keeps no spare slices."""
+    kind = next((o.value() for o in overrides if o.key_or_group == "cluster"), "?")
+    return (f"cluster={kind} keeps no spare slices: cluster.spare_slices is cluster=simulated's only "
+            "(docs/clusters.md, \"Spare slices\"); drop it, or choose cluster=simulated.")
 
 
 def _failed_key(error: ConfigCompositionException, overrides: list[Override]) -> str:

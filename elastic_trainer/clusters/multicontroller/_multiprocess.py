@@ -126,14 +126,14 @@ class MultiprocessCluster(AbstractRejoinCluster, AbstractProcessInjectableCluste
         self.platform_layer = PLATFORM_LAYERS[platform]
         self.launcher = launcher
         self.coordinator = coordinator
-        self.spared_slices = (0,) if coordinator == "process0" else ()  # failure injection spares the service's host
+        self.protected_slices = (0,) if coordinator == "process0" else ()  # failure injection spares the service's host
         self.slices = num_processes // processes_per_slice
         self.membership = Membership(num_processes=num_processes, processes_per_slice=processes_per_slice,
                                      client=self._client, on_lost=note_lost)
         """Who is in the job, as the live processes last agreed."""
         self._rejoin = Rejoin(self.membership, client=self._client, initialization_timeout_s=initialization_timeout_s,
                               barrier_timeout_s=barrier_timeout_s, platform_layer=self.platform_layer)
-        self._injection = ProcessInjection(self.membership, client=self._client, spared_slices=self.spared_slices)
+        self._injection = ProcessInjection(self.membership, client=self._client, protected_slices=self.protected_slices)
         self._step_seconds: dict[int, float] = {}
 
     # ------------------------------------------------------------------ start-up

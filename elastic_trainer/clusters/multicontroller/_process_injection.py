@@ -22,13 +22,13 @@ class ProcessInjection:
 
     :param membership: who is in the job (the slices' processes, this process's step times).
     :param client: returns the coordination service's client.
-    :param spared_slices: slices that must not be lost (the coordination service's host).
+    :param protected_slices: slices that must not be lost (the coordination service's host).
     """
 
-    def __init__(self, membership: Membership, *, client: Callable, spared_slices: tuple[int, ...]):
+    def __init__(self, membership: Membership, *, client: Callable, protected_slices: tuple[int, ...]):
         self._membership = membership
         self._client = client
-        self._spared_slices = spared_slices
+        self._protected_slices = protected_slices
 
     def fail_slice(self, index: int, *, down_for_s: float) -> None:
         """Lose slice ``index``: its processes SIGKILL themselves (every process calls this; the others go on).
@@ -77,7 +77,7 @@ class ProcessInjection:
         slices = self._membership.slices
         if not 0 <= index < slices:
             raise ConfigError(f"slice {index} does not exist; the cluster has slices 0 to {slices - 1}.")
-        if index in self._spared_slices:
+        if index in self._protected_slices:
             raise ConfigError(
                 f"slice {index} holds process 0, which hosts JAX's coordination service with "
                 "cluster.coordinator=process0: losing it ends every process (JAX's own limit), so failure injection "
