@@ -4,6 +4,7 @@ Young/Daly's closed form, and its inputs refused like every other config's."""
 import dataclasses
 import json
 import shutil
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -11,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from elastic_trainer._failures import ConfigError
 from elastic_trainer.benchmark import load_jobs, publish_runs
 from elastic_trainer.plan import (
     SINGLE_CONTROLLER,
@@ -25,21 +27,27 @@ from elastic_trainer.plan import (
     failure_trace,
     load_run,
     project,
+    recommend_spares,
     replay,
     restart_goodput,
     run_dirs,
     scaling,
     scenarios,
     simulate,
+    spare_scaling,
     strategy_costs,
+    swap_cost,
     validate,
 )
 from elastic_trainer.plan.__main__ import main
 from elastic_trainer.plan._model import MULTI_CONTROLLER, Linear
 from elastic_trainer.plan._output import block_markers, scaling_table
+from elastic_trainer.plan._runs import SWAPPING
+from elastic_trainer.plan._simulate import SWAP_THEN_SCALE_DOWN
 
 ROOT = Path(__file__).resolve().parents[1]
 SWEEP_RUNS = ROOT / "benchmarks" / "results" / "standard" / "runs"
+SPARE_RUNS = ROOT / "benchmarks" / "results" / "spares" / "runs"
 STRATEGIES = {"scale_down", "pause_resume", "full_restart"}
 SCHEDULES = {"no_failures", "one_failure", "periodic", "during_save"}
 
@@ -199,12 +207,78 @@ def test_failures_are_drawn_at_the_models_rate():
     assert np.mean([f.repair_s for f in trace]) == pytest.approx(60, rel=0.1)
 
 
-def test_the_readme_shows_the_generated_projection(sweep):
+@pytest.fixture(scope="module")
+def swap():
+    return swap_cost([load_run(run_dir, SWAPPING) for run_dir in run_dirs([SPARE_RUNS])])
+
+
+def test_a_swaps_cost_is_measured_by_the_committed_spare_runs(swap):
+    runs = [load_run(run_dir, SWAPPING) for run_dir in run_dirs([SPARE_RUNS])]
+    assert {run.schedule for run in runs} == SCHEDULES
+    swaps = [f for run in runs for f in run.failures if f.action == "hot_swap"]
+    assert swaps and all(f.lost_steps == 0 for f in swaps)
+    assert 0 < swap.total_s < min(f.recovery_s for f in swaps)  # the first good step after it is not a cost
+    assert swap.restore_s == pytest.approx(statistics.median(f.restore_s for f in swaps))
+    with pytest.raises(ConfigError, match="hot_swap->scale_down"):
+        load_run(SPARE_RUNS / "periodic-swap_then_scale_down-0")  # not a strategy the projection models
+    with pytest.raises(ConfigError, match="so a swap's cost is unmeasured"):
+        swap_cost([run for run in runs if run.schedule == "no_failures"])
+    assert swap_cost(runs, {"restore_s": 9.0, "step_s": 1.0}) == dataclasses.replace(swap, restore_s=9.0)  # a what-if
+
+
+def test_the_projection_predicts_every_spare_run_within_0_05(sweep):
+    runs = [load_run(run_dir, SWAPPING) for run_dir in run_dirs([SPARE_RUNS])]
+    validations = validate(runs, {**sweep[1], **strategy_costs(runs)})  # replayed with spares, each recovery a swap
+    assert {v.schedule for v in validations} == SCHEDULES
+    for v in validations:
+        assert abs(v.error) < 0.05, v
+    assert all(run.spares == 1 for run in runs)  # cluster.spare_slices=1, as conf/benchmark/spares.yaml sets
+
+
+def test_a_spare_takes_a_lost_slices_place_until_none_is_free_and_a_repaired_slice_is_a_spare_again():
+    own = costs(strategy=SWAP_THEN_SCALE_DOWN, recovery=RecoveryCost(), layout_compile_s=0.0)  # 1 s steps
+    swap = RecoveryCost(restore_s=2.0)
+    state_kept = dataclasses.replace(SINGLE_CONTROLLER, step_takes_state=False)  # no roll-back to a snapshot
+    spared = Scenario(SWAP_THEN_SCALE_DOWN, 4, own, own.recovery, state_kept, period=1000, spares=1, swap=swap)
+    quiet = simulate(spared, [], 100.0)
+    # slice 1 lost between two steps: the spare (slice 4) in its place, 2 s, and on at 4 slices
+    swapped = simulate(spared, [Failure(50.0, 1, 1e9)], 100.0)
+    assert swapped.swaps == 1 and quiet.steps - swapped.steps == 2
+    # a second one with no spare free: scale_down, on 3 slices of 4 (steps 4/3 as long) from then
+    both = simulate(spared, [Failure(50.0, 1, 1e9), Failure(60.0, 2, 1e9)], 100.0)
+    assert both.swaps == 1 and swapped.steps - both.steps == pytest.approx(40 / 4, abs=1)
+    # slice 1 back at 55 s is the spare for slice 2's failure
+    repaired = simulate(spared, [Failure(50.0, 1, 5.0), Failure(60.0, 2, 1e9)], 100.0)
+    assert repaired.swaps == 2 and quiet.steps - repaired.steps == 4
+    # a spare lost costs nothing but the spare: back at 45 s, it takes slice 1's place at 50 s
+    assert simulate(spared, [Failure(40.0, 4, 5.0), Failure(50.0, 1, 1e9)], 100.0) == swapped
+    assert simulate(spared, [Failure(40.0, 4, 1e9), Failure(50.0, 1, 1e9)], 100.0).swaps == 0
+
+
+def test_a_higher_failure_rate_recommends_more_spares(sweep, swap):
+    _, measured = sweep
+    horizon = Horizon(days=2, min_failures=50)
+    recommended = {}
+    for rate in (2e-4, 2e-3):
+        by_slices = spare_scaling(measured, swap, FailureModel(failures_per_chip_hour=rate), SINGLE_CONTROLLER, horizon,
+                                  (16, 1024, 4096))
+        recommended[rate] = {n: recommend_spares(projections).spares for n, projections in by_slices.items()}
+        for projections in by_slices.values():  # a spare is a slice that does not train
+            for p in projections:
+                assert p.per_chip_goodput == pytest.approx(p.progress * p.slices / (p.slices + p.spares))
+    assert all(recommended[2e-3][n] >= recommended[2e-4][n] for n in recommended[2e-4]), recommended
+    assert any(recommended[2e-3][n] > recommended[2e-4][n] for n in recommended[2e-4]), recommended
+    assert recommended[2e-3][4096] > 1, recommended
+
+
+def test_the_readme_shows_the_generated_projection(sweep, swap):
     _, measured = sweep
     readme = (ROOT / "README.md").read_text()
     start, end = block_markers("projection-single")
     block = readme.split(start, 1)[1].split(end, 1)[0]
-    expected = scaling_table(scaling(measured, FailureModel(), SINGLE_CONTROLLER, Horizon()), 8)
+    model, horizon = FailureModel(), Horizon()
+    expected = scaling_table(scaling(measured, model, SINGLE_CONTROLLER, horizon), 8,
+                             spare_scaling(measured, swap, model, SINGLE_CONTROLLER, horizon))
     assert expected in block, "regenerate it: see docs/projection.md"
     assert "python -m elastic_trainer.plan" in block and "projection.png" in block
 
@@ -220,7 +294,14 @@ def test_the_plan_prints_a_table_per_strategy_and_regenerates_blocks_and_the_plo
     assert plot.read_bytes().startswith(b"\x89PNG")
     text = page.read_text()
     assert "stale" not in text and "![plot](plot.png)" in text and text.endswith("<!-- projection-single:end -->\nafter\n")
-    assert "| 4,096 | 32,768 |" in text
+    assert "| 4,096 | 32,768 |" in text and "| spares | goodput per provisioned chip (with no spare) |" in text
+
+
+def test_the_plan_models_two_spares():
+    result = run_plan("--spares", "2", "--slices", "64", "--min-failures", "50")
+    assert result.returncode == 0, result.stderr
+    assert "a swap (a spare in a lost slice's place), medians over the swaps of 4 runs: " in result.stdout
+    assert "| swap_then_scale_down, 2 spares |" in result.stdout and "\nspares: " in result.stdout
 
 
 def test_the_sweep_publishes_each_jobs_run_files_for_the_projection(tmp_path):
@@ -265,6 +346,12 @@ def test_bad_input_is_one_sentence_and_exit_status_2(tmp_path, capsys):
         (str(tmp_path / "nowhere"),): f"{tmp_path / 'nowhere'} is not a run directory (no report.json) and holds none.",
         ("--markdown", str(plain)): f"{plain} has no <!-- projection-single:start --> "
                                     "or <!-- projection-validation:start --> block to regenerate.",
+        ("--spares", "-1"): "the number of spare slices must be at least 0, got -1.",
+        ("--spares", "1", "--runtime", "multi"): "spares are modelled on one controller only "
+                                                 "(cluster=multiprocess has none yet).",
+        ("--spares", "1", "--spare-runs", str(SWEEP_RUNS)): "the projection models hot_swap, hot_swap->scale_down from "
+                                                            f"these runs; {SWEEP_RUNS / 'during_save-full_restart-0'} "
+                                                            "ran 'full_restart'.",
     }
     for args, message in cases.items():
         assert main(list(args)) == 2, args

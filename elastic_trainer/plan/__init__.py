@@ -23,6 +23,9 @@ from ._costs import (
     strategy_costs as strategy_costs,
 )
 from ._costs import (
+    swap_cost as swap_cost,
+)
+from ._costs import (
     with_costs as with_costs,
 )
 from ._model import (
@@ -50,10 +53,22 @@ from ._project import (
     recommend as recommend,
 )
 from ._project import (
+    recommend_spares as recommend_spares,
+)
+from ._project import (
     scaling as scaling,
 )
 from ._project import (
     scenarios as scenarios,
+)
+from ._project import (
+    spare_counts as spare_counts,
+)
+from ._project import (
+    spare_scaling as spare_scaling,
+)
+from ._project import (
+    spare_scenario as spare_scenario,
 )
 from ._runs import MeasuredFailure as MeasuredFailure
 from ._runs import MeasuredRun as MeasuredRun

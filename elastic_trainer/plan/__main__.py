@@ -12,9 +12,9 @@ import shlex
 import sys
 from pathlib import Path
 
-from .._failures import ConfigError
+from .._failures import ConfigError, check_at_least
 from ..launch._cli import EXIT_BAD_INPUT
-from ._costs import StrategyCosts, strategy_costs, with_costs
+from ._costs import StrategyCosts, strategy_costs, swap_cost, with_costs
 from ._model import (
     LLAMA3_CHIPS_PER_SLICE,
     LLAMA3_DAYS,
@@ -23,6 +23,7 @@ from ._model import (
     REPAIR_DISTRIBUTIONS,
     REPAIR_S,
     RUNTIMES,
+    SINGLE_CONTROLLER,
     FailureModel,
     Runtime,
 )
@@ -33,15 +34,18 @@ from ._output import (
     image_link,
     plan_table,
     plot_scaling,
+    recovery_parts,
     scaling_table,
+    spares_line,
     update_blocks,
     validation_table,
 )
-from ._project import Horizon, Projection, project, scaling, scenarios
-from ._runs import load_run, run_dirs
+from ._project import Horizon, Projection, project, scaling, scenarios, spare_counts, spare_scaling, spare_scenario
+from ._runs import SWAPPING, load_run, run_dirs
 from ._validate import Validation, validate
 
 DEFAULT_RUNS = Path("benchmarks/results/standard/runs")
+DEFAULT_SPARE_RUNS = Path("benchmarks/results/spares/runs")
 PLOTTED_SCHEDULE = "periodic"
 """The sweep's schedule whose measured runs the plot marks: the one most like failures that keep coming."""
 
@@ -72,6 +76,11 @@ def parse(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--min-failures", type=int, default=Horizon.min_failures,
                         help=f"simulate jobs until this many failures ({Horizon.min_failures})")
     parser.add_argument("--seed", type=int, default=0, help="seeds the simulated failures (0)")
+    parser.add_argument("--spares", type=int, metavar="K",
+                        help="also model swap_then_scale_down with K spare slices besides --slices, and recommend "
+                             "a spare count")
+    parser.add_argument("--spare-runs", nargs="+", type=Path, default=[DEFAULT_SPARE_RUNS], metavar="RUN",
+                        help=f"runs that swapped spares in, where a swap's cost is measured (default: {DEFAULT_SPARE_RUNS})")
     parser.add_argument("--cost", action="append", default=[], metavar="NAME=SECONDS", type=_cost,
                         help="a what-if: this cost for every strategy instead of the measured one "
                              "(layout_compile_s=120, restart_s=60, ...), or overhead_ratio=0.95: the trainer's "
@@ -106,6 +115,10 @@ def _plan(args: argparse.Namespace, *, command: str) -> None:
     model = FailureModel(args.failures_per_chip_hour, args.chips_per_slice, args.repair_s, args.repair)
     horizon = Horizon(days=args.days, min_failures=args.min_failures, seed=args.seed)
     runtime = RUNTIMES[args.runtime]
+    if args.spares is not None:
+        check_at_least("the number of spare slices", args.spares, 0)
+        if runtime is not SINGLE_CONTROLLER:
+            raise ConfigError("spares are modelled on one controller only (cluster=multiprocess has none yet).")
     block_names = (f"projection-{runtime.name}", "projection-validation")
     for path in args.markdown:
         if not path.is_file():
@@ -117,25 +130,39 @@ def _plan(args: argparse.Namespace, *, command: str) -> None:
     settings = dict(args.cost)
     overhead_ratio = settings.pop("overhead_ratio", MEASURED_OVERHEAD_RATIO)
     costs = with_costs(strategy_costs(runs), settings)
-    chosen = scenarios(costs, args.slices, model, runtime, overhead_ratio=overhead_ratio)
+    with_spares = args.spares is not None or (runtime is SINGLE_CONTROLLER and bool(args.plot or args.markdown))
+    spare_runs = [load_run(run_dir, SWAPPING) for run_dir in run_dirs(args.spare_runs)] if with_spares else []
+    swap = swap_cost(spare_runs, settings) if with_spares else None
+    chosen = scenarios(costs, args.slices, model, runtime, overhead_ratio=overhead_ratio, spares=args.spares, swap=swap)
     print(f"measured costs (seconds, medians over {len(runs)} runs):\n\n{costs_table(costs)}\n")
+    if swap is not None:
+        print(f"a swap (a spare in a lost slice's place), medians over the swaps of {len(spare_runs)} runs: "
+              f"{recovery_parts(swap)}\n")
     print(f"{args.slices:,} slices of {args.chips_per_slice} chips, {_assumptions(model, runtime, horizon)}:\n")
-    print(plan_table(project(chosen, model, horizon)))
-    validations = validate(runs, costs) if args.validate or args.plot or args.markdown else []
+    tried = [] if args.spares is None else [
+        spare_scenario(costs, args.slices, model, runtime, k, swap, overhead_ratio=overhead_ratio)
+        for k in spare_counts(args.slices, model)]
+    projections = project(chosen + tried, model, horizon)  # all through the same failures
+    print(plan_table(projections[: len(chosen)]))
+    if tried:
+        print(spares_line(projections[len(chosen):]))
+    all_costs = {**costs, **with_costs(strategy_costs(spare_runs), settings)}  # the spare runs' own, for their replay
+    validations = validate(runs + spare_runs, all_costs) if args.validate or args.plot or args.markdown else []
     if args.validate:
         print(f"\nreplayed runs:\n\n{validation_table(validations)}")
     if not (args.plot or args.markdown):
         return
     by_slices = scaling(costs, model, runtime, horizon, overhead_ratio=overhead_ratio)
+    spared = None if swap is None else spare_scaling(costs, swap, model, runtime, horizon, overhead_ratio=overhead_ratio)
     if args.plot:
-        plot_scaling(by_slices, validations, args.plot, measured_schedule=PLOTTED_SCHEDULE,
+        plot_scaling(by_slices, validations, args.plot, measured_schedule=PLOTTED_SCHEDULE, spares=spared,
                      title=f"Projected goodput: {args.chips_per_slice} chips per slice,\n"
                            f"{_assumptions(model, runtime, horizon)}")
         print(f"\nplot: {args.plot}")
     for path in args.markdown:
         replaced = update_blocks(path, dict(zip(block_names, (
-            _projection_block(by_slices, validations, args, model, horizon, path, command, overhead_ratio),
-            _validation_block(validations, costs, command),
+            _projection_block(by_slices, spared, validations, args, model, horizon, path, command, overhead_ratio),
+            _validation_block(validations, all_costs, command),
         ))))
         print(f"{path}: regenerated {', '.join(replaced)}")
 
@@ -145,18 +172,23 @@ def _assumptions(model: FailureModel, runtime: Runtime, horizon: Horizon) -> str
             f"{runtime.name} controller, jobs of {horizon.days:g} days")
 
 
-def _projection_block(by_slices: dict[int, list[Projection]], validations: list[Validation], args: argparse.Namespace,
-                      model: FailureModel, horizon: Horizon, path: Path, command: str, overhead_ratio: float) -> str:
+def _projection_block(by_slices: dict[int, list[Projection]], spared: dict[int, list[Projection]] | None,
+                      validations: list[Validation], args: argparse.Namespace, model: FailureModel, horizon: Horizon,
+                      path: Path, command: str, overhead_ratio: float) -> str:
     worst = max((abs(v.error) for v in validations), default=float("nan"))
     lines = [
         (f"Generated by `{command}`: {args.chips_per_slice} chips per slice, "
          f"{_assumptions(model, RUNTIMES[args.runtime], horizon)}, from the runs' measured costs."),
         "",
-        scaling_table(by_slices, args.chips_per_slice),
+        scaling_table(by_slices, args.chips_per_slice, spared),
         "",
         f"Each cell is a {THROUGHPUT}; the trainer's step at {overhead_ratio:g} of the bare loop's steps/s "
         "(`benchmarks/overhead.py`).",
     ]
+    if spared is not None:
+        lines[-1] += (" Spares: the count, of those tried, that gives `swap_then_scale_down` the most goodput per "
+                      "provisioned chip (productive chip-time over the time of every chip, spares included), a swap "
+                      "at its measured cost.")
     if args.plot:
         lines += ["", image_link(args.plot, path)]
     lines += ["", (f"The same simulation, replaying each of the {len(validations)} runs' own failure schedule, "

@@ -132,6 +132,21 @@ def restart_cost(costs: dict[str, StrategyCosts]) -> RecoveryCost:
     return RecoveryCost(restart_s=max(c.start_s for c in costs.values()))
 
 
+SWAP_ACTION = "hot_swap"
+"""The ``action`` of a failure that a spare took the place of (``report.json``)."""
+
+
+def swap_cost(runs: list[MeasuredRun], settings: dict[str, float] | None = None) -> RecoveryCost:
+    """What a swap costs: the medians over the runs' failures that a spare took the place of, with the recovery
+    parts of ``settings`` (what-ifs, as :func:`with_costs` takes them) in place of the measured."""
+    swaps = [f for run in runs for f in run.failures if f.action == SWAP_ACTION and f.recovery_s > 0]
+    if not swaps:
+        raise ConfigError(f"no failure of the {len(runs)} spare runs given was a {SWAP_ACTION}, so a swap's cost is "
+                          "unmeasured: run python -m elastic_trainer +benchmark=spares, or pass runs that swapped.")
+    parts = {f.name for f in dataclasses.fields(RecoveryCost)}
+    return dataclasses.replace(_recovery(swaps), **{name: s for name, s in (settings or {}).items() if name in parts})
+
+
 def _recovery(failures: list[MeasuredFailure]) -> RecoveryCost:
     return RecoveryCost(
         detection_s=_median(f.detection_s for f in failures),

@@ -6,8 +6,8 @@ import os
 from pathlib import Path
 
 from ..benchmark import _pyplot, _strategy_colours
-from ._costs import StrategyCosts
-from ._project import Projection, recommend
+from ._costs import RecoveryCost, StrategyCosts
+from ._project import Projection, recommend, recommend_spares
 from ._validate import Validation
 
 
@@ -26,29 +26,48 @@ THROUGHPUT = ("throughput: the steps done, each timed as the bare loop's step, o
 """What the tables' throughput is, in a sentence."""
 
 
+def _name(projection: Projection) -> str:
+    return f"{projection.strategy}, {projection.spares} spares" if projection.spares else projection.strategy
+
+
 def plan_table(projections: list[Projection]) -> str:
     """One cluster: a line per strategy and the bare loop, and the recommendation."""
     rows = [[
-        p.strategy, f"{p.throughput:.4f}", f"{p.goodput:.4f}", f"{p.progress:.4f}", f"{p.failures_per_day:.2f}",
-        _period(p), f"{p.lost_steps_per_day:.1f}", "" if p.closed_form is None else f"{p.closed_form:.4f}",
+        _name(p), f"{p.throughput:.4f}", f"{p.goodput:.4f}", f"{p.per_chip_goodput:.4f}", f"{p.progress:.4f}",
+        f"{p.failures_per_day:.2f}", _period(p), f"{p.lost_steps_per_day:.1f}",
+        "" if p.closed_form is None else f"{p.closed_form:.4f}",
     ] for p in projections]
-    table = _table(["strategy", "throughput", "goodput", "progress", "failures/day", "checkpoint period",
-                    "lost steps/day", "Young/Daly goodput"], rows)
+    table = _table(["strategy", "throughput", "goodput", "goodput per provisioned chip", "progress", "failures/day",
+                    "checkpoint period", "lost steps/day", "Young/Daly goodput"], rows)
     best = recommend(projections)
     simulated = f"(simulated: {best.jobs} jobs, {best.failures} failures)"
-    return (f"{table}\n\n{THROUGHPUT}.\n\nrecommended: {best.strategy}, a checkpoint every {_period(best)} "
-            f"{simulated}")
+    return (f"{table}\n\n{THROUGHPUT}; goodput per provisioned chip: productive chip-time over the time of every "
+            f"chip, spares included.\n\nrecommended: {_name(best)}, a checkpoint every {_period(best)} {simulated}")
 
 
-def scaling_table(by_slices: dict[int, list[Projection]], chips_per_slice: int) -> str:
-    """Every slice count: each strategy's throughput (and the bare loop's), and the recommendation."""
+def spares_line(projections: list[Projection]) -> str:
+    """The spare count recommended for one cluster, against none."""
+    best, none = recommend_spares(projections), projections[0]
+    return (f"spares: {best.spares} recommended of {none.spares} to {projections[-1].spares} tried, goodput per "
+            f"provisioned chip {best.per_chip_goodput:.4f} ({none.per_chip_goodput:.4f} with none; "
+            f"{best.swaps_per_day:.2f} swaps a day)")
+
+
+def scaling_table(by_slices: dict[int, list[Projection]], chips_per_slice: int,
+                  spares: dict[int, list[Projection]] | None = None) -> str:
+    """Every slice count: each strategy's throughput (and the bare loop's), and the recommendation; with
+    ``spares`` (:func:`spare_scaling`), the spare count recommended and its goodput per provisioned chip."""
     strategies = [p.strategy for p in next(iter(by_slices.values()))]
     rows = []
     for slices, projections in by_slices.items():
         best = recommend(projections)
         rows.append([f"{slices:,}", f"{slices * chips_per_slice:,}", f"{projections[0].failures_per_day:.2f}",
                      *(f"{p.throughput:.4f}" for p in projections), f"{best.strategy}, every {_period(best)}"])
-    return _table(["slices", "chips", "failures/day", *strategies, "recommended, checkpoint period"], rows)
+        if spares is not None:
+            spared = recommend_spares(spares[slices])
+            rows[-1] += [str(spared.spares), f"{spared.per_chip_goodput:.4f} ({spares[slices][0].per_chip_goodput:.4f})"]
+    extra = ["spares", "goodput per provisioned chip (with no spare)"] if spares is not None else []
+    return _table(["slices", "chips", "failures/day", *strategies, "recommended, checkpoint period", *extra], rows)
 
 
 def validation_table(validations: list[Validation]) -> str:
@@ -58,13 +77,17 @@ def validation_table(validations: list[Validation]) -> str:
     return _table(["strategy", "schedule", "measured goodput", "predicted", "error"], rows)
 
 
+def recovery_parts(r: RecoveryCost) -> str:
+    """A recovery's cost and its parts, in a line."""
+    return (f"{r.total_s:.2f} (detection {r.detection_s:.2f}, restart {r.restart_s:.2f}, compile {r.compile_s:.2f}, "
+            f"restore {r.restore_s:.2f}, other {r.other_s:.2f})")
+
+
 def costs_table(costs: dict[str, StrategyCosts]) -> str:
     """The measured per-event costs the projection uses (medians over each strategy's runs)."""
     rows = []
     for c in costs.values():
-        r = c.recovery
-        parts = "" if r is None else (f"{r.total_s:.2f} (detection {r.detection_s:.2f}, restart {r.restart_s:.2f}, "
-                                      f"compile {r.compile_s:.2f}, restore {r.restore_s:.2f}, other {r.other_s:.2f})")
+        parts = "" if c.recovery is None else recovery_parts(c.recovery)
         rows.append([c.strategy, str(c.runs), str(c.failures), f"{c.step_s:.3f}", f"{c.save_s:.3f}", f"{c.start_s:.2f}",
                      f"{c.layout_compile_s:.2f}", parts])
     return _table(["strategy", "runs", "failures", "step_s", "save_s", "start_s", "layout compile_s",
@@ -72,9 +95,10 @@ def costs_table(costs: dict[str, StrategyCosts]) -> str:
 
 
 def plot_scaling(by_slices: dict[int, list[Projection]], validations: list[Validation], path: Path,
-                 *, measured_schedule: str, title: str) -> None:
+                 *, measured_schedule: str, title: str, spares: dict[int, list[Projection]] | None = None) -> None:
     """Goodput against slice count (log axis), a line per strategy, and the measured runs of
-    ``measured_schedule`` (filled) with their predictions (hollow) at their slice count."""
+    ``measured_schedule`` (filled) with their predictions (hollow) at their slice count; with ``spares``, the
+    goodput per provisioned chip of the spare count recommended, each point labelled with it."""
     plt = _pyplot()
     slice_counts = list(by_slices)
     strategies = [p.strategy for p in by_slices[slice_counts[0]]]
@@ -83,6 +107,13 @@ def plot_scaling(by_slices: dict[int, list[Projection]], validations: list[Valid
     for strategy in strategies:
         throughput = [next(p.throughput for p in by_slices[n] if p.strategy == strategy) for n in slice_counts]
         axes.plot(slice_counts, throughput, marker=".", color=colours[strategy], label=f"{strategy}, projected")
+    if spares is not None:
+        best = [recommend_spares(spares[n]) for n in slice_counts]
+        axes.plot(slice_counts, [p.per_chip_goodput for p in best], marker="s", color="black", linestyle="--",
+                  label="swap_then_scale_down, recommended\nspares K: per provisioned chip")
+        for n, p in zip(slice_counts, best):
+            axes.annotate(f"K={p.spares}", (n, p.per_chip_goodput), textcoords="offset points", xytext=(0, -12),
+                          ha="center", fontsize=7)
     measured = [v for v in validations if v.schedule == measured_schedule and v.strategy in colours]
     for v in measured:
         slices = slice_counts[0]

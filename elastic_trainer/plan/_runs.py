@@ -15,6 +15,8 @@ from .._failures import ConfigError
 
 STRATEGIES = ("scale_down", "pause_resume", "full_restart")
 """The strategies the projection models."""
+SWAPPING = ("hot_swap", "hot_swap->scale_down")
+"""The strategies whose runs measure a swap (``+strategy=hot_swap``, ``+strategy=swap_then_scale_down``)."""
 REPORT_FIELDS = ("strategy", "cluster", "steps_completed", "wall_s", "productive_s", "goodput", "badput_s",
                  "failures", "started_at", "ended_at")
 FAILURE_FIELDS = ("step", "phase", "slices", "recovery_s", "lost_steps")
@@ -31,6 +33,7 @@ class MeasuredFailure:
 
     step: int
     phase: str
+    action: str
     slices: tuple[int, ...]
     down_for_s: float | None
     recovery_s: float
@@ -60,12 +63,14 @@ class MeasuredRun:
     :param end_s: from the end of its last step or save to the end of the job.
     :param saves_s: the time each checkpoint save blocked the step loop.
     :param scale_ups_s: each move back onto returned slices.
+    :param spares: the cluster's spare slices (``cluster.spare_slices``).
     """
 
     name: str
     strategy: str
     schedule: str
     slices: int
+    spares: int
     steps: int
     period: int
     goodput: float
@@ -93,16 +98,17 @@ def run_dirs(paths: list[Path]) -> list[Path]:
     return found
 
 
-def load_run(run_dir: Path) -> MeasuredRun:
-    """Read one run directory; :class:`ConfigError` when it lacks what the projection needs."""
+def load_run(run_dir: Path, strategies: tuple[str, ...] = STRATEGIES) -> MeasuredRun:
+    """Read one run directory of one of ``strategies``; :class:`ConfigError` when it lacks what the projection
+    needs."""
     report = _read_report(run_dir)
     events = _read_events(run_dir)
     steps = [e for e in events if e["event"] == "step"]
     if not steps or not report["steps_completed"]:
         raise ConfigError(f"{run_dir} completed no step, so it measured no step time.")
     strategy = report["strategy"]
-    if strategy not in STRATEGIES:
-        raise ConfigError(f"the projection models {', '.join(STRATEGIES)}; {run_dir} ran {strategy!r}.")
+    if strategy not in strategies:
+        raise ConfigError(f"the projection models {', '.join(strategies)} from these runs; {run_dir} ran {strategy!r}.")
     config = _read_config(run_dir)
     saves = [e for e in events if e["event"] == "checkpoint_save"]
     last_end = max(e.get("end", e["time"]) for e in events if e["event"] in ("step", "checkpoint_save"))
@@ -112,6 +118,7 @@ def load_run(run_dir: Path) -> MeasuredRun:
         strategy=strategy,
         schedule=_schedule_name(run_dir),
         slices=int(report["cluster"].get("slices") or report["cluster"].get("num_processes") or 0),
+        spares=int(report["cluster"].get("spare_slices") or 0),
         steps=int(report["steps_completed"]),
         period=_period(checkpoint, report["steps_completed"]),
         goodput=float(report["goodput"]),
@@ -181,6 +188,7 @@ def _failure(run_dir: Path, failure: dict[str, Any], steps: list[dict[str, Any]]
     return MeasuredFailure(
         step=int(failure["step"]),
         phase=failure["phase"],
+        action=str(failure.get("action", "")),
         slices=tuple(int(s) for s in failure["slices"]),
         down_for_s=_down_for(failure, config),
         recovery_s=float(failure["recovery_s"] or 0.0),

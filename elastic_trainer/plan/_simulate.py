@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .._failures import ConfigError, check_at_least
 from .._snapshots import DEFAULT_SNAPSHOT_PERIOD
 from .._step_cache import DEFAULT_MAX_LAYOUTS
 from ._costs import RecoveryCost, StrategyCosts
@@ -24,6 +25,11 @@ BARE_LOOP = "bare_loop"
 process from its last checkpoint on every failure (a full restart without the trainer)."""
 RESTARTING = ("full_restart", BARE_LOOP)
 """The strategies that restart every process on every failure, at their own measured cost."""
+SWAP_THEN_SCALE_DOWN = "swap_then_scale_down"
+"""Spares (``+strategy=swap_then_scale_down``): a spare takes a lost slice's place at a swap's measured cost; with
+none free, ``scale_down`` at its own."""
+SCALING_DOWN = ("scale_down", SWAP_THEN_SCALE_DOWN)
+"""The strategies that go on with fewer slices, and back onto more when they are back."""
 
 
 @dataclass(frozen=True)
@@ -41,6 +47,9 @@ class Scenario:
         :attr:`Runtime.step_takes_state`.
     :param speed: its steps/s over the bare loop's on the same work (the trainer's ``overhead_ratio``; 1 for the
         bare loop itself), for :attr:`Projection.throughput`.
+    :param spares: slices of the job out of the mesh, one of which takes a lost slice's place (``swap_then_scale_down``
+        only); a lost slice, once repaired, is a spare.
+    :param swap: what a swap costs, measured (:func:`swap_cost`); needed with spares.
     """
 
     strategy: str
@@ -52,6 +61,14 @@ class Scenario:
     compile_ahead: bool = True
     snapshot_period: int = DEFAULT_SNAPSHOT_PERIOD
     speed: float = 1.0
+    spares: int = 0
+    swap: RecoveryCost | None = None
+
+    def __post_init__(self):
+        check_at_least("the number of spare slices", self.spares, 0)
+        if self.spares and (self.strategy != SWAP_THEN_SCALE_DOWN or self.swap is None):
+            raise ConfigError(f"spares are modelled for {SWAP_THEN_SCALE_DOWN} with a measured swap cost only, "
+                              f"not for {self.strategy}.")
 
     @property
     def save_s(self) -> float:
@@ -94,6 +111,7 @@ class Outcome:
     """What a simulated job did (seconds and steps).
 
     :param full_step_s: a step's time on every slice, for :attr:`progress`.
+    :param swaps: failures a spare took the place of.
     """
 
     wall_s: float
@@ -102,6 +120,7 @@ class Outcome:
     full_step_s: float
     lost_steps: int
     saves: int
+    swaps: int
 
     @property
     def goodput(self) -> float:
@@ -160,13 +179,17 @@ class _Job:
     def __init__(self, scenario: Scenario):
         self.sc = scenario
         self.n = scenario.slices
-        self.coordinator = self.n if scenario.runtime.controller_fails else 0
-        self.down_until = np.zeros(self.n + 1)  # slice i is up once time reaches down_until[i]; [n]: the controller
+        self.total = self.n + scenario.spares  # the job's slices, spares included
+        self.coordinator = self.total if scenario.runtime.controller_fails else 0
+        self.down_until = np.zeros(self.total + 1)  # slice i is up once time reaches down_until[i]; [total]: the controller
         self.t = 0.0
-        self.missing: frozenset[int] = frozenset()  # slices the job does not run on
+        self.slice_at = np.arange(self.n)  # the slice at each position of the mesh (the last one, at a missing position)
+        self.missing: frozenset[int] = frozenset()  # positions the job runs without
+        self.position_of = np.arange(self.total)  # each slice's position in the mesh, -1 out of it
+        self.position_of[self.n:] = -1
         self.base, self.done, self.saving, self.checkpoint = 0, 0.0, None, 0  # cycle start, steps in it, save under way
         self.productive = 0.0
-        self.lost = self.saves = 0
+        self.lost = self.saves = self.swaps = 0
         self.busy_until = scenario.costs.start_s
         self._new_processes(self.busy_until)
 
@@ -210,11 +233,12 @@ class _Job:
             self.run_until(event)
 
     def _next_event(self) -> float | None:
-        """The end of the recovery under way, or when the first missing slice is back (to scale up)."""
+        """The end of the recovery under way, or, with slices missing, when the first slice out of the mesh is back (to
+        scale up)."""
         if self.busy_until > self.t:
             return self.busy_until
-        if self.sc.strategy == "scale_down" and self.sc.runtime.rejoin and self.missing:
-            return max(self.t, min(self.down_until[i] for i in self.missing))
+        if self.sc.strategy in SCALING_DOWN and self.sc.runtime.rejoin and self.missing:
+            return max(self.t, float(self.down_until[: self.total][self.position_of < 0].min()))
         return None
 
     def _advance(self, until: float) -> None:
@@ -271,8 +295,8 @@ class _Job:
         was running (by default: unless a save or a recovery was)."""
         self.down_until[lost] = max(self.down_until[lost], back_at)
         coordinator = lost == self.coordinator
-        if not coordinator and (lost >= self.n or lost in self.missing):
-            return  # a slice the job does not use
+        if not coordinator and (lost >= self.total or self.position_of[lost] < 0):
+            return  # a slice the job does not use: a spare, or one down
         in_step = self.saving is None and self.busy_until <= self.t if in_step is None else in_step
         self._stop_step()
         if coordinator or self.sc.restarts_on_every_failure:
@@ -311,12 +335,14 @@ class _Job:
         self.base, self.done = self.checkpoint, 0.0
 
     def _restart(self, cost: RecoveryCost | None) -> None:
-        """Every process starts again, once every slice is back, and restores the last checkpoint."""
+        """Every process starts again, once as many slices as the mesh holds are back, and restores the last
+        checkpoint."""
         cost = cost or RecoveryCost()
         self._roll_back()
-        self.missing = frozenset()
+        first_up = np.argsort(self.down_until[: self.total], kind="stable")[: self.n]  # the n slices back first
+        self._place(np.sort(first_up), frozenset())
         started = self.t + self.sc.detection_s(cost) + cost.other_s + cost.restart_s + self.sc.runtime.barrier_s(self.n)
-        ready = max(started, float(self.down_until.max()))
+        ready = max(started, float(self.down_until[self.slice_at].max()), float(self.down_until[self.coordinator]))
         self.busy_until = ready + cost.compile_s + (cost.restore_s if self.checkpoint else 0.0)
         self._new_processes(self.busy_until)
 
@@ -330,26 +356,37 @@ class _Job:
         self.busy_until = after_wait + cost.remesh_s + cost.compile_s + cost.restore_s + cost.other_s
 
     def _scale_down(self) -> None:
-        """Go on at once on the live slices (the lost stay out where they cannot rejoin)."""
+        """Go on at once on the live slices, spares in the lost ones' places while any are free (the lost stay out
+        where they cannot rejoin)."""
         cost = self.sc.costs.recovery or RecoveryCost()
-        down = frozenset(int(i) for i in np.flatnonzero(self.down_until[: self.n] > self.t))
+        down = frozenset(int(i) for i in np.flatnonzero(self.down_until[self.slice_at] > self.t))
         missing = down if self.sc.runtime.rejoin else self.missing | down
+        swapped = self._swap_in(missing)
+        missing -= swapped
         if len(missing) == self.n:
             self._restart(self.sc.restart)  # nothing left to go on with: the job is started again
             return
-        self.missing = missing
+        if swapped and len(missing) <= len(self.missing):  # as many slices as before: a swap
+            self.swaps += 1
+            self._place(self.slice_at, missing)
+            swap = self.sc.swap or RecoveryCost()
+            self.busy_until = (self.t + self.sc.detection_s(swap) + self.sc.runtime.barrier_s(self.n) + swap.remesh_s
+                               + swap.compile_s + swap.restore_s + swap.other_s)
+            return
+        self._place(self.slice_at, missing)
         meshed = self.t + self.sc.detection_s(cost) + self.sc.runtime.barrier_s(self.n) + cost.remesh_s
         compiled = meshed + cost.compile_s + self._compile_wait(missing, meshed)
         self.busy_until = compiled + cost.restore_s + cost.other_s
 
     def _scale_up(self) -> None:
         """Move back onto the missing slices that are back, at the step boundary now."""
-        if self.busy_until > self.t or not (self.sc.strategy == "scale_down" and self.sc.runtime.rejoin):
+        if self.busy_until > self.t or not (self.sc.strategy in SCALING_DOWN and self.sc.runtime.rejoin):
             return
-        missing = frozenset(i for i in self.missing if self.down_until[i] > self.t)
+        missing = frozenset(i for i in self.missing if self.down_until[self.slice_at[i]] > self.t)
+        missing -= self._swap_in(missing)
         if missing == self.missing:
             return
-        self.missing = missing
+        self._place(self.slice_at, missing)
         rejoin = self.sc.runtime.rejoin_s
         if rejoin is None:
             self.busy_until = self.t + self.sc.costs.scale_up_s + self._compile_wait(missing, self.t)
@@ -358,13 +395,35 @@ class _Job:
         self._new_processes(self.busy_until)
         self.compiled.add(missing)
 
+    def _swap_in(self, positions: frozenset[int]) -> frozenset[int]:
+        """Put a free spare (a slice up and at none of the other positions) at as many of ``positions`` as there
+        are; those filled."""
+        if not self.sc.spares:
+            return frozenset()
+        held = np.ones(self.n, dtype=bool)
+        held[list(positions)] = False
+        free = self.down_until[: self.total] <= self.t
+        free[self.slice_at[held]] = False
+        spares = np.flatnonzero(free)
+        filled = sorted(positions)[: spares.size]
+        self.slice_at[filled] = spares[: len(filled)]
+        return frozenset(filled)
+
+    def _place(self, slice_at: np.ndarray, missing: frozenset[int]) -> None:
+        """The mesh: ``slice_at[p]`` at each position ``p`` but the ``missing``."""
+        self.slice_at, self.missing = slice_at, missing
+        live = np.ones(self.n, dtype=bool)
+        live[list(missing)] = False
+        self.position_of[:] = -1
+        self.position_of[slice_at[live]] = np.flatnonzero(live)
+
     # ---- compiled layouts
 
     def _new_processes(self, at: float) -> None:
         """New processes: only the full layout is compiled; compile-ahead starts its queue at ``at``."""
         self.compiled = {frozenset()}
         compile_s = self.sc.costs.layout_compile_s
-        ahead = self.sc.strategy == "scale_down" and self.sc.compile_ahead and self.n > 1
+        ahead = self.sc.strategy in SCALING_DOWN and self.sc.compile_ahead and self.n > 1
         queued = min(self.n, DEFAULT_MAX_LAYOUTS - 1) if ahead else 0  # the step cache's room beside the full layout
         self.ahead = {frozenset((i,)): at + (i + 1) * compile_s for i in range(queued)}
 
@@ -381,5 +440,5 @@ class _Job:
         return Outcome(
             wall_s=float(wall_s), productive_s=float(self.productive), steps=self.base + int(self.done),
             full_step_s=self.sc.costs.step_s, lost_steps=self.lost,
-            saves=self.saves,
+            saves=self.saves, swaps=self.swaps,
         )

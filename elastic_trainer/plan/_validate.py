@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from .._failures import ConfigError
 from ._costs import StrategyCosts, restart_cost
 from ._model import SINGLE_CONTROLLER
-from ._runs import MeasuredRun
-from ._simulate import Scenario, ScheduledFailure, replay
+from ._runs import SWAPPING, MeasuredRun
+from ._simulate import SWAP_THEN_SCALE_DOWN, Scenario, ScheduledFailure, replay
 
 REPLAYED_PHASES = ("train_step", "checkpoint_save")
 
@@ -31,12 +32,18 @@ class Validation:
 
 def validate(runs: list[MeasuredRun], costs: dict[str, StrategyCosts]) -> list[Validation]:
     """Replay every run: its own step time, start and end, its strategy's per-event costs (the medians
-    over all the runs given), its checkpoint period and its failure schedule, on one controller."""
+    over all the runs given), its checkpoint period and its failure schedule, on one controller. A run that
+    swapped spares in is replayed as ``swap_then_scale_down``, each recovery of its strategy's a swap."""
     restart = restart_cost(costs)
     validations = []
     for run in runs:
-        scenario = Scenario(run.strategy, run.slices, costs[run.strategy].for_run(run), restart, SINGLE_CONTROLLER,
-                            period=run.period)
+        if run.strategy in SWAPPING:
+            own = dataclasses.replace(costs[run.strategy].for_run(run), strategy=SWAP_THEN_SCALE_DOWN)
+            scenario = Scenario(SWAP_THEN_SCALE_DOWN, run.slices, own, restart, SINGLE_CONTROLLER, period=run.period,
+                                spares=run.spares, swap=own.recovery)
+        else:
+            scenario = Scenario(run.strategy, run.slices, costs[run.strategy].for_run(run), restart,
+                                SINGLE_CONTROLLER, period=run.period)
         outcome = replay(scenario, run.steps, schedule(run))
         validations.append(Validation(run.name, run.strategy, run.schedule, run.goodput, outcome.goodput))
     return validations
