@@ -257,7 +257,7 @@ def test_a_spare_takes_a_lost_slices_place_until_none_is_free_and_a_repaired_sli
 
 def test_a_higher_failure_rate_recommends_more_spares(sweep, swap):
     _, measured = sweep
-    horizon = Horizon(days=2, min_failures=50)
+    horizon = Horizon(days=1, min_failures=50)
     recommended = {}
     for rate in (2e-4, 2e-3):
         by_slices = spare_scaling(measured, swap, FailureModel(failures_per_chip_hour=rate), SINGLE_CONTROLLER, horizon,
