@@ -58,7 +58,9 @@ from elastic_trainer.config._build import build_trainer
 from elastic_trainer._report import merge_worker_reports
 from elastic_trainer.launch._supervisor import RESTART_EXIT_CODE
 from elastic_trainer_plugins.chaos import Chaos
+from elastic_trainer_plugins.fallback import Fallback
 from elastic_trainer_plugins.full_restart import FullRestart
+from elastic_trainer_plugins.hot_swap import HotSwap
 from elastic_trainer_plugins.pause_resume import PauseResume
 from elastic_trainer_plugins.scale_down import ScaleDown
 
@@ -74,8 +76,12 @@ STRATEGIES = {
     # timeout_s=0: with every slice lost for good, stop at once rather than wait for one (tests/test_soak.py waits)
     "pause_resume": lambda: PauseResume(timeout_s=30),
     "full_restart": lambda: FullRestart(max_restarts=3),
+    # the swap_then_scale_down chain: swap while the spare lasts, then scale down
+    "hot_swap": lambda: Fallback([HotSwap(compile_ahead=False), ScaleDown(compile_ahead=False, timeout_s=0)]),
 }
-DOWN_FOR_S = {"scale_down": FOREVER, "pause_resume": BACK_SOON, "full_restart": FOREVER}
+DOWN_FOR_S = {"scale_down": FOREVER, "pause_resume": BACK_SOON, "full_restart": FOREVER, "hot_swap": FOREVER}
+CLUSTERS = {"hot_swap": lambda: et.SimulatedCluster(slices=3, devices_per_slice=2, spare_slices=1)}
+"""The clusters of the strategies that need another than 4 slices of 2 devices: a new one for each worker."""
 
 
 def lose(slice_, *, at_step=FAIL_AT, phase="train_step"):
@@ -95,8 +101,9 @@ PHASES = {  # phase: (what happens, in words; the chaos schedule)
     "two_slices": ("slices 1 and 2 lost during step 4", [lose(1), lose(2)]),
     "all_slices": ("all 4 slices lost during step 4", [lose(s) for s in range(4)]),
 }
-STOPS = {("scale_down", "all_slices")}
-"""Cells that stop rather than finish: scale_down cannot go on with no live slice."""
+STOPS = {("scale_down", "all_slices"), ("hot_swap", "all_slices")}
+"""Cells that stop rather than finish: scale_down cannot go on with no live slice (nor can the swap's chain,
+its spare lost too)."""
 
 ROWS: dict[tuple[str, str, str], dict] = {}
 """The results of the cells that passed, for docs/fault_matrix.md."""
@@ -229,12 +236,12 @@ class Worker:
         return RESTART_EXIT_CODE if isinstance(self.stopped, et.RestartRequested) else EXIT_TRAINING_STOPPED
 
 
-def run_worker(make, run_dir: Path, *, strategy, plugins, resume: bool) -> Worker:
+def run_worker(make, run_dir: Path, *, strategy, plugins, resume: bool, cluster=None) -> Worker:
     recorder = Recorder()
     trainer = et.Trainer(**make(
         steps=STEPS, global_batch_size=BATCH, snapshot_period=0, strategy=strategy, plugins=[*plugins, recorder],
         checkpointer=et.Checkpointer(run_dir / "checkpoints", period=PERIOD, max_to_keep=10), resume=resume,
-        run_dir=run_dir,
+        run_dir=run_dir, **({} if cluster is None else {"cluster": cluster}),
     ))
     try:
         state, report = trainer.fit()
@@ -263,9 +270,10 @@ class Cell:
         )
 
 
-def run_schedule(make, run_dir: Path, *, new_strategy, schedule: list[dict], resume: bool = False) -> Cell:
+def run_schedule(make, run_dir: Path, *, new_strategy, schedule: list[dict], resume: bool = False,
+                 new_cluster=None) -> Cell:
     """Run ``schedule`` under the strategy ``new_strategy()`` builds, restarting workers as the supervisor would
-    (each worker gets a new strategy object, as a new process would)."""
+    (each worker gets a new strategy object, and a new ``new_cluster()`` if given, as a new process would)."""
     children_before = set(psutil.Process().children(recursive=True))
     initial = saved_steps(run_dir / "checkpoints") if resume else []
     workers: list[Worker] = []
@@ -274,10 +282,12 @@ def run_schedule(make, run_dir: Path, *, new_strategy, schedule: list[dict], res
         if workers:  # as the supervisor: resume when the restart has a checkpoint to go back to, else start over
             resume = workers[-1].report["failures"][-1]["restored_from"] == "checkpoint"
         workers.append(run_worker(make, run_dir, strategy=new_strategy(), plugins=[Chaos(failures=schedule)],
-                                  resume=resume))
+                                  resume=resume, cluster=new_cluster and new_cluster()))
     rerun = None
-    if workers[-1].exit_code == EXIT_TRAINING_STOPPED:  # the user runs it again, without failures
-        rerun = run_worker(make, run_dir, strategy=None, plugins=[], resume=bool(saved_steps(run_dir / "checkpoints")))
+    if workers[-1].exit_code == EXIT_TRAINING_STOPPED:  # the user runs the same command again, without failures
+        rerun = run_worker(make, run_dir, strategy=new_strategy(), plugins=[],
+                           resume=bool(saved_steps(run_dir / "checkpoints")),
+                           cluster=new_cluster and new_cluster())
     orphans = [p for p in psutil.Process().children(recursive=True) if p not in children_before]
     return Cell(workers, rerun, initial, orphans)
 
@@ -333,12 +343,18 @@ def check_invariants(cell: Cell, failure_free: FailureFree) -> dict:
         "outcome": outcome_words(cell),
         "exit": " → ".join(str(w.exit_code) for w in cell.workers),
         "failures": ", ".join(f"{f['phase']} {f['slices']}" for f in failures) or "none struck",
+        "actions": actions_of(failures) or "-",
         "restored_from": ", ".join(f["restored_from"] for f in failures) or "-",
         "lost_steps": sum(f["lost_steps"] for f in failures),
         "checkpoint_restores": ", ".join(str(step) for step, source in restored if source == "checkpoint") or "-",
         "on_disk": ", ".join(map(str, sorted(on_disk))),
         "samples": f"{merged['samples']['duplicated']} / {merged['samples']['skipped']}",
     }
+
+
+def actions_of(failures: list[dict]) -> str:
+    """Each failure's action, a fallback's after the plans it fell back from (``hot_swap → scale_down``)."""
+    return ", ".join(" → ".join([*(f.get("fell_back_from") or []), f["action"]]) for f in failures)
 
 
 def outcome_words(cell: Cell) -> str:
@@ -361,7 +377,8 @@ def test_cell(tiny_trainer_kwargs, failure_free, tmp_path, strategy, phase):
     resume = phase == "checkpoint_restore"
     if resume:
         interrupted_run(failure_free, tmp_path / "checkpoints", at_step=2)
-    cell = run_schedule(tiny_trainer_kwargs, tmp_path, new_strategy=STRATEGIES[strategy], schedule=schedule, resume=resume)
+    cell = run_schedule(tiny_trainer_kwargs, tmp_path, new_strategy=STRATEGIES[strategy], schedule=schedule,
+                        resume=resume, new_cluster=CLUSTERS.get(strategy))
     assert (cell.workers[-1].exit_code == EXIT_TRAINING_STOPPED) == ((strategy, phase) in STOPS)
     struck = {(f["phase"], tuple(f["slices"])) for f in cell.merged_report()["failures"]}
     assert struck, "the schedule injected no failure"
@@ -556,6 +573,7 @@ def test_cell_through_the_command_line(tmp_path, cli_reference, cell):
                    + (f" after {report['workers'] - 1} restart(s), in new processes" if report["workers"] > 1 else ""),
         "exit": f"{result.returncode} {exits}",
         "failures": ", ".join(f"{f['phase']} {f['slices']}" for f in failures),
+        "actions": actions_of(failures),
         "restored_from": ", ".join(f["restored_from"] for f in failures),
         "lost_steps": sum(f["lost_steps"] for f in failures),
         "checkpoint_restores": ", ".join(map(str, restored)) or "-",
@@ -575,7 +593,9 @@ def render_table(rows: dict) -> str:
         "tests/test_fault_matrix.py`); CI checks that this file is what the tests generate. Do not edit it by hand.",
         "",
         f"Every cell trains the tiny test model for {STEPS} steps on 4 simulated slices of 2 CPU devices, global "
-        f"batch {BATCH}, checkpoints every {PERIOD} steps, no host snapshots, and compares with one failure-free run. "
+        f"batch {BATCH}, checkpoints every {PERIOD} steps, no host snapshots, and compares with one failure-free run "
+        "(hot_swap: 3 slices and a spare, the `swap_then_scale_down` chain: swap while the spare lasts, then scale "
+        "down; its all-slices cell loses the spare too). "
         f"Lost slices stay down for good, except under pause_resume, where they return after {BACK_SOON} s. "
         "A step is one program with the state donated to it (docs/architecture.md, \"The step\"): a slice lost "
         "as a step starts is found before its launch, and the others hold the state; one lost while the step "
@@ -604,9 +624,9 @@ def render_table(rows: dict) -> str:
         f"larger tiny model for {CLI_STEPS} steps, global batch {CLI_BATCH}, checkpoints every {CLI_PERIOD}, and "
         "are compared with the checkpoints of the same run without failures on as many simulated slices.",
         "",
-        "| strategy | phase | what fails | run | outcome | exit | failures (phase [slices]) | restored from | "
+        "| strategy | phase | what fails | run | outcome | exit | failures (phase [slices]) | actions | restored from | "
         "lost steps | checkpoint restores | checkpoints on disk | duplicated / skipped |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     lines = []
     for strategy in STRATEGIES:
@@ -616,7 +636,7 @@ def render_table(rows: dict) -> str:
                 if row is not None:
                     lines.append(
                         f"| {strategy} | {phase} | {row.get('what', what)} | {how} | {row['outcome']} | {row['exit']} | "
-                        f"{row['failures']} | {row['restored_from']} | {row['lost_steps']} | "
+                        f"{row['failures']} | {row['actions']} | {row['restored_from']} | {row['lost_steps']} | "
                         f"{row['checkpoint_restores']} | {row['on_disk']} | {row['samples']} |"
                     )
     return "\n".join(header + lines) + "\n"
