@@ -45,6 +45,7 @@ def run_report(trainer: Trainer, ctx: TrainingContext, state: LoopState) -> dict
         "failures": trainer.failures,
         "resizes": [resize.to_json() for resize in ctx.layouts.resizes],
         "stragglers": ctx.stragglers.to_json(),
+        "spares": _spares_at_end(ctx, state.layout.slices),
         "compile_cache": {
             "compiled_ahead": ctx.step_cache.compiled_ahead, "saved_s": ctx.step_cache.saved_s,
             "evicted": ctx.step_cache.evicted, "persistent_cache_dir": jax.config.jax_compilation_cache_dir,
@@ -60,6 +61,15 @@ def run_report(trainer: Trainer, ctx: TrainingContext, state: LoopState) -> dict
         "first_step_ended_at": history.first_step_ended_at,
         "badput_before_first_step_s": history.badput_before_first_step_s,
     }
+
+
+def _spares_at_end(ctx: TrainingContext, in_use: tuple[int, ...]) -> dict[str, Any] | None:
+    """On a cluster with spares: those that started as spares now in use (they took lost slices' places), and
+    how many healthy slices are left out of the mesh; ``None`` on a cluster without."""
+    limit = ctx.layouts.limit
+    if limit == len(ctx.cluster.slice_devices()):
+        return None
+    return {"in_use": [s for s in in_use if s >= limit], "left": len(ctx.layouts.spares(in_use))}
 
 
 def summary_table(report: dict[str, Any]) -> Table:
@@ -95,6 +105,8 @@ def summary_table(report: dict[str, Any]) -> Table:
         table.add_row(f"straggler @ {straggler['detected_at_step']}",
                       f"slice {straggler['slice']} {straggler['ratio']:.1f}x slower than the others since step "
                       f"{straggler['slow_since_step']}, " + (f"recovered at {recovered}" if recovered else "still slow"))
+    if report.get("spares"):
+        table.add_row("spares", f"{report['spares']['in_use']} in use, {report['spares']['left']} left")
     failed_saves = report.get("checkpoint_failures") or []
     if failed_saves:
         table.add_row("checkpoint saves failed", f"{len(failed_saves)} (steps "

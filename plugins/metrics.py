@@ -16,7 +16,8 @@ class AbstractMetricsSink(abc.ABC):
     (the slices in use). At the end: ``run/goodput``, each badput category
     (``badput/<category>_s``), and for each failure, at its step,
     ``failures/recovery_s``, ``failures/lost_steps`` and, on a cluster with
-    spares, ``failures/spares_left``. A sink implements
+    spares, ``failures/spares_taken`` and ``failures/spares_left`` (and at the
+    end ``run/spares_in_use`` and ``run/spares_left``). A sink implements
     :meth:`open`, :meth:`write` and :meth:`close`: a new sink is one small
     class (see :class:`TensorBoard`).
 
@@ -72,7 +73,11 @@ class AbstractMetricsSink(abc.ABC):
                 self.write("failures/recovery_s", failure["recovery_s"], failure["step"])
             self.write("failures/lost_steps", failure["lost_steps"], failure["step"])
             if "spares_left" in failure:  # a cluster with spares
+                self.write("failures/spares_taken", len(failure["spares_taken"]), failure["step"])
                 self.write("failures/spares_left", failure["spares_left"], failure["step"])
+        if report.get("spares"):
+            self.write("run/spares_in_use", len(report["spares"]["in_use"]), end)
+            self.write("run/spares_left", report["spares"]["left"], end)
         self.close()
 
 

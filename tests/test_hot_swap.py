@@ -3,18 +3,21 @@
 Slices of one device each, so that 4 slices and a spare fit the tests' 8 CPU devices.
 """
 
+import json
 import warnings
 
 import equinox as eqx
 import jax
 import numpy as np
 import pytest
+from test_logger import scalars
 
 import elastic_trainer as et
 from elastic_trainer_plugins.chaos import Chaos
 from elastic_trainer_plugins.fallback import Fallback
 from elastic_trainer_plugins.full_restart import FullRestart
 from elastic_trainer_plugins.hot_swap import HotSwap
+from elastic_trainer_plugins.metrics import TensorBoard
 from elastic_trainer_plugins.pause_resume import PauseResume
 from elastic_trainer_plugins.scale_down import ScaleDown
 
@@ -67,7 +70,8 @@ def test_a_spare_takes_the_lost_slice_s_place_with_no_step_lost_bit_identical_to
         tiny_trainer_kwargs):
     steps = 44
     trainer = et.Trainer(**tiny_trainer_kwargs(steps=steps, global_batch_size=BATCH, cluster=cluster(4, spares=1),
-                                               strategy=HotSwap(), plugins=[Chaos(failures=[lose(1, 40)])]))
+                                               strategy=HotSwap(compile_ahead=False),
+                                               plugins=[Chaos(failures=[lose(1, 40)])]))
     state, report = trainer.fit()
     [failure] = report["failures"]
     assert (failure["step"], failure["slices"], failure["action"]) == (40, [1], "hot_swap")
@@ -78,6 +82,7 @@ def test_a_spare_takes_the_lost_slice_s_place_with_no_step_lost_bit_identical_to
     assert trainer.slices == (0, 2, 3, 4)
     assert report["samples"] == {"consumed": steps * BATCH, "duplicated": 0, "skipped": 0}
     assert report["cluster"]["spare_slices"] == 1
+    assert report["spares"] == {"in_use": [4], "left": 0}
     assert_bit_identical(arrays_of(state), failure_free(tiny_trainer_kwargs, slices=4, steps=steps))
 
 
@@ -89,17 +94,25 @@ def test_the_swap_layouts_are_compiled_ahead(tiny_trainer_kwargs):
     assert sorted(ahead) == [[0, 1, 3], [0, 2, 3], [1, 2, 3]]
 
 
-def test_a_lost_slice_that_comes_back_is_a_spare_for_the_next_failure(tiny_trainer_kwargs):
+def test_a_lost_slice_that_comes_back_is_a_spare_for_the_next_failure(tiny_trainer_kwargs, tmp_path):
     steps = 8
     trainer = et.Trainer(**tiny_trainer_kwargs(
         steps=steps, global_batch_size=BATCH, cluster=cluster(3, spares=1), strategy=HotSwap(compile_ahead=False),
-        plugins=[Chaos(failures=[lose(1, 2), lose(2, 6)]), BringBack(1, after_step=4)]))
+        plugins=[Chaos(failures=[lose(1, 2), lose(2, 6)]), BringBack(1, after_step=4),
+                 TensorBoard(log_dir=str(tmp_path / "tensorboard"))], run_dir=tmp_path))
     state, report = trainer.fit()
     swaps = [(f["step"], f["slices"], f["spares_taken"], f["spares_left"], f["slices_after"]) for f in report["failures"]]
     assert swaps == [(2, [1], [3], 0, 3), (6, [2], [1], 0, 3)]
     assert trainer.slices == (0, 1, 3)
+    assert report["spares"] == {"in_use": [3], "left": 0}  # slice 1 came back, and is in use as a spare
     assert report["samples"] == {"consumed": steps * BATCH, "duplicated": 0, "skipped": 0}
     assert_bit_identical(arrays_of(state), failure_free(tiny_trainer_kwargs, slices=3, steps=steps))
+    events = [json.loads(line) for line in (tmp_path / "events.jsonl").read_text().splitlines()]
+    assert [(e["step"], e["spares_taken"], e["spares_left"]) for e in events if e["event"] == "failure"] == [
+        (2, [3], 0), (6, [1], 0)]
+    written = scalars(tmp_path / "tensorboard")
+    assert written["failures/spares_taken"] == [(2, 1), (6, 1)] and written["failures/spares_left"] == [(2, 0), (6, 0)]
+    assert written["run/spares_in_use"] == [(steps, 1)] and written["run/spares_left"] == [(steps, 0)]
 
 
 def test_with_the_last_spare_used_the_chain_falls_back_to_scale_down(tiny_trainer_kwargs):
