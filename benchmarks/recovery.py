@@ -8,7 +8,10 @@ so the first run starts cold:
 1. cold: ``scale_down``, early failure; prints how long the recovery waited
    for its compile and which layouts were ready when the slice was lost;
 2. warm (the same job ran before): ``scale_down`` early and late,
-   ``pause_resume`` late, ``full_restart`` early and late, and the MaxText-style
+   ``pause_resume`` late, ``full_restart`` early and late, ``hot_swap`` early
+   and late (``cluster.spare_slices=1``: a spare slice takes slice 1's place;
+   after a warm-up run of its own, its layouts being other programs), and the
+   MaxText-style
    loop (``maxtext_style.py``: donating step, Orbax checkpoint every
    ``--maxtext-checkpoint-period`` steps, ``elastic_retry``, restore onto the
    new mesh and recompile) early and late. One row per run: ``recovery_s``
@@ -28,8 +31,10 @@ so the first run starts cold:
    step time; restarts, restores, compiles and the steps trained again
    included.
 
-Then ``peer_ratio=...`` (MaxText-style ``recovery_s`` over ``scale_down``'s at
-the same step, the worse of early and late; a MaxText-style loop also trains
+Then ``swap_ratio=...`` (``hot_swap``'s ``recovery_s`` over ``scale_down``'s at
+the same step, the worse of early and late), ``peer_ratio=...`` (MaxText-style
+``recovery_s`` over ``scale_down``'s at the same step, the worse of early and
+late; a MaxText-style loop also trains
 its lost steps again, listed but not in the ratio), ``recovery_ratio=...``
 (``full_restart`` over ``scale_down``, warm, the worse of early and late) and,
 last, ``badput_ratio=...``: the MaxText-style loop's mean badput over
@@ -200,10 +205,13 @@ def recovery(tmp: Path, env: dict, args: argparse.Namespace) -> None:
           f"{cold['compile']:.3f} s waiting for its compile; ready when the slice was lost: {ready} "
           f"({len(ready)} of the {asked} layouts asked for in the run)", flush=True)
     rows: dict[str, dict] = {}
+    spares = ("cluster.spare_slices=1",)  # the swap's cluster: its layouts are other programs, warmed up as well
+    trainer_run("hot_swap", args.early, tmp / "hot_swap-warm-up", args.steps, env, overrides=spares, **run)
     for strategy, fail_at in [("scale_down", args.early), ("scale_down", args.late), ("pause_resume", args.late),
-                              ("full_restart", args.early), ("full_restart", args.late)]:
+                              ("full_restart", args.early), ("full_restart", args.late), ("hot_swap", args.early),
+                              ("hot_swap", args.late)]:
         rows[f"{strategy}@{fail_at}"] = trainer_run(strategy, fail_at, tmp / f"{strategy}-{fail_at}", args.steps,
-                                                    env, **run)
+                                                    env, overrides=spares if strategy == "hot_swap" else (), **run)
     maxtext = {"down_for_s": args.down_for_s, "checkpoint_period": args.maxtext_checkpoint_period}
     maxtext_run(args.early, tmp / "maxtext-warm-up", args.steps, env, **maxtext)  # its own steps into the cache
     for fail_at in (args.early, args.late):
@@ -217,8 +225,10 @@ def recovery(tmp: Path, env: dict, args: argparse.Namespace) -> None:
     print(f"badput, checkpoints every {args.badput_period} steps, failures at steps {args.positions}:", flush=True)
     badput = print_badput(badput_rows(tmp, env, args))
     steps = (args.early, args.late)
+    swap = max(rows[f"hot_swap@{s}"]["recovery_s"] / rows[f"scale_down@{s}"]["recovery_s"] for s in steps)
     peer = min(rows[f"maxtext_style@{s}"]["recovery_s"] / rows[f"scale_down@{s}"]["recovery_s"] for s in steps)
     restart = min(rows[f"full_restart@{s}"]["recovery_s"] / rows[f"scale_down@{s}"]["recovery_s"] for s in steps)
+    print(f"swap_ratio={swap:.2f}")
     print(f"peer_ratio={peer:.1f}")
     print(f"recovery_ratio={restart:.1f}")
     print(f"badput_ratio={badput:.1f}")
