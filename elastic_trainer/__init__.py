@@ -17,6 +17,7 @@ from .clusters import (
     MultiprocessCluster as MultiprocessCluster,
     PathwaysCluster as PathwaysCluster,
     SimulatedCluster as SimulatedCluster,
+    has_spares as has_spares,
     mesh_slice_count as mesh_slice_count,
 )
 from ._elastic_retry import ElasticRun as ElasticRun, elastic_retry as elastic_retry

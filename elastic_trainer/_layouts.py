@@ -11,7 +11,7 @@ from typing import Any
 import jax
 from jax.sharding import Mesh
 
-from .clusters import mesh_slice_count, release as release_slices, returning_slices
+from .clusters import has_spares, mesh_slice_count, release as release_slices, returning_slices
 from ._failures import ConfigError, PluginError, RecoveryPlan
 from ._mesh import DEVICE_AXIS, SLICE_AXIS, keep_slices
 from ._records import Layout, LoopState, ResizeRecord, RunContext
@@ -66,12 +66,13 @@ class Layouts:
 
     @property
     def limit(self) -> int:
-        """The most slices a layout holds: the cluster's, less its spares (:func:`~elastic_trainer.clusters.mesh_slice_count`)."""
+        """The most slices a layout holds: the cluster's, less its spares
+        (:func:`~elastic_trainer.clusters.mesh_slice_count`)."""
         return mesh_slice_count(self._cluster)
 
     def spares(self, in_use: Sequence[int]) -> list[int]:
         """The spares now: healthy slices out of ``in_use`` (none asked for on a cluster without spares)."""
-        if self.limit == len(self._cluster.slice_devices()):
+        if not has_spares(self._cluster):
             return []
         return [s for s in self._hooks.et_slice_health(trainer=self._view) if s not in in_use]
 

@@ -21,7 +21,9 @@ from typing import NoReturn
 import jax
 from jaxtyping import PyTree
 
-from .clusters import AbstractInjectableCluster, AbstractRejoinCluster, mesh_slice_count, returning_slices
+from .clusters import (
+    AbstractInjectableCluster, AbstractRejoinCluster, has_spares, mesh_slice_count, returning_slices,
+)
 from ._failures import (
     ConfigError, Failure, PluginError, RecoveryPlan, RestartRequested, SliceLostError, TrainingStopped,
 )
@@ -266,7 +268,7 @@ def _recover_from(ctx: TrainingContext, failure: Failure, index: int, error: Exc
         slices_after=len(new.slices),
     )
     ctx.layouts.record_resize(step, old, new, reason="failure", seconds=remesh_s + record.compile_s + record.restore_s)
-    if ctx.layouts.limit < len(ctx.cluster.slice_devices()):  # a cluster with spares: which took a lost slice's place
+    if has_spares(ctx.cluster):  # which spares took the lost slices' places
         ctx.failures.amend(index, spares_taken=tuple(s for s in new.slices if s not in old.slices),
                            spares_left=len(ctx.layouts.spares(new.slices)))
     recovered = LoopState(

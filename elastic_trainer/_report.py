@@ -12,6 +12,7 @@ from rich.table import Table
 from ._goodput import BADPUT_CATEGORIES
 from ._ledger import SampleLedger
 from ._plugins import strategy_name
+from .clusters import has_spares
 
 if TYPE_CHECKING:
     from ._records import LoopState
@@ -66,10 +67,9 @@ def run_report(trainer: Trainer, ctx: TrainingContext, state: LoopState) -> dict
 def _spares_at_end(ctx: TrainingContext, in_use: tuple[int, ...]) -> dict[str, Any] | None:
     """On a cluster with spares: those that started as spares now in use (they took lost slices' places), and
     how many healthy slices are left out of the mesh; ``None`` on a cluster without."""
-    limit = ctx.layouts.limit
-    if limit == len(ctx.cluster.slice_devices()):
+    if not has_spares(ctx.cluster):
         return None
-    return {"in_use": [s for s in in_use if s >= limit], "left": len(ctx.layouts.spares(in_use))}
+    return {"in_use": [s for s in in_use if s >= ctx.layouts.limit], "left": len(ctx.layouts.spares(in_use))}
 
 
 def summary_table(report: dict[str, Any]) -> Table:

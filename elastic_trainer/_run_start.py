@@ -25,7 +25,7 @@ from ._stragglers import StragglerWatch
 from ._take_back import take_back
 from ._watchdog import Watchdog
 from ._failures import SpareWarning
-from .clusters import AbstractMultiControllerCluster, admission_of, mesh_slice_count
+from .clusters import AbstractMultiControllerCluster, admission_of, has_spares
 
 if TYPE_CHECKING:
     from ._trainer import Trainer
@@ -42,7 +42,7 @@ def start_run(trainer: Trainer, *, watchdog: Watchdog, failures: FailureLog) -> 
         state = init_train_state(trainer.model, trainer.optimizer,
                                  key=jax.random.fold_in(jax.random.key(trainer.seed), 1))
     trainer.hook.et_run_start(trainer=trainer, state=state)
-    if trainer.strategy is None and mesh_slice_count(trainer.cluster) < len(trainer.cluster.slice_devices()):
+    if trainer.strategy is None and has_spares(trainer.cluster):
         warnings.warn("the cluster keeps spare slices but no strategy is selected, so a failure stops training and "
                       "no spare is used; select one with +strategy=hot_swap.", SpareWarning, stacklevel=3)
     with clock.measure("startup"):

@@ -25,7 +25,7 @@ class FullRestart(et.AbstractStrategy):
     def et_run_start(self, trainer: et.TrainerView, state: et.TrainState) -> None:
         """Warn once when the cluster keeps spares: a fresh worker starts on the first slices again, so a spare
         never takes a lost slice's place."""
-        if et.mesh_slice_count(trainer.cluster) < len(trainer.cluster.slice_devices()):
+        if et.has_spares(trainer.cluster):
             warnings.warn("full_restart never takes a spare slice in (a fresh worker starts on the first slices "
                           "again); choose +strategy=hot_swap, scale_down or pause_resume to use cluster.spare_slices.",
                           et.SpareWarning, stacklevel=2)

@@ -35,7 +35,7 @@ class HotSwap(et.AbstractStrategy):
     @et.hookimpl
     def et_run_start(self, trainer: et.TrainerView, state: et.TrainState) -> None:
         """Warn once when the cluster has no spare to swap in."""
-        if et.mesh_slice_count(trainer.cluster) == len(trainer.cluster.slice_devices()):
+        if not et.has_spares(trainer.cluster):
             warnings.warn(f"hot_swap on a cluster without spares ({trainer.cluster.kind}) swaps in nothing: alone it "
                           "stops at the first failure; set cluster.spare_slices, or choose another strategy.",
                           et.SpareWarning, stacklevel=2)

@@ -624,8 +624,8 @@ def render_table(rows: dict) -> str:
         f"larger tiny model for {CLI_STEPS} steps, global batch {CLI_BATCH}, checkpoints every {CLI_PERIOD}, and "
         "are compared with the checkpoints of the same run without failures on as many simulated slices.",
         "",
-        "| strategy | phase | what fails | run | outcome | exit | failures (phase [slices]) | actions | restored from | "
-        "lost steps | checkpoint restores | checkpoints on disk | duplicated / skipped |",
+        "| strategy | phase | what fails | run | outcome | exit | failures (phase [slices]) | actions | "
+        "restored from | lost steps | checkpoint restores | checkpoints on disk | duplicated / skipped |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     lines = []

@@ -101,7 +101,8 @@ def test_a_lost_slice_that_comes_back_is_a_spare_for_the_next_failure(tiny_train
         plugins=[Chaos(failures=[lose(1, 2), lose(2, 6)]), BringBack(1, after_step=4),
                  TensorBoard(log_dir=str(tmp_path / "tensorboard"))], run_dir=tmp_path))
     state, report = trainer.fit()
-    swaps = [(f["step"], f["slices"], f["spares_taken"], f["spares_left"], f["slices_after"]) for f in report["failures"]]
+    swaps = [(f["step"], f["slices"], f["spares_taken"], f["spares_left"], f["slices_after"])
+             for f in report["failures"]]
     assert swaps == [(2, [1], [3], 0, 3), (6, [2], [1], 0, 3)]
     assert trainer.slices == (0, 1, 3)
     assert report["spares"] == {"in_use": [3], "left": 0}  # slice 1 came back, and is in use as a spare

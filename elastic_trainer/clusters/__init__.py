@@ -10,6 +10,7 @@ from ._base import (
     AbstractTimedCluster as AbstractTimedCluster,
     SyncCall as SyncCall,
     admission_of as admission_of,
+    has_spares as has_spares,
     mesh_slice_count as mesh_slice_count,
     release as release,
     returning_slices as returning_slices,

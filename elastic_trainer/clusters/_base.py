@@ -193,10 +193,14 @@ class AbstractSpareCluster(AbstractCluster):
     included."""
 
 
+def has_spares(cluster: AbstractCluster) -> bool:
+    """Whether ``cluster`` keeps spare slices."""
+    return isinstance(cluster, AbstractSpareCluster) and cluster.spare_slices > 0
+
+
 def mesh_slice_count(cluster: AbstractCluster) -> int:
     """The most slices a mesh of ``cluster`` holds: all of them but its spares."""
-    spares = cluster.spare_slices if isinstance(cluster, AbstractSpareCluster) else 0
-    return len(cluster.slice_devices()) - spares
+    return len(cluster.slice_devices()) - (cluster.spare_slices if has_spares(cluster) else 0)
 
 
 class AbstractInjectableCluster(AbstractCluster):
