@@ -75,6 +75,32 @@ def keep_slices(tree: PyTree, mesh: Mesh, slices: Sequence[int]) -> PyTree:
     return jax.tree.map(keep, tree)
 
 
+def spread(tree: PyTree, shardings: PyTree) -> PyTree:
+    """``tree`` (a full copy of the state on some slices) on ``shardings``, whose mesh may hold other slices.
+
+    A device that holds its shard already keeps it, and every other device of
+    this process gets a copy of a held shard of the same index (a spare's
+    devices): one device-to-device copy each. An array with a shard that no
+    device here holds goes through ``jax.device_put``, whose copy between
+    meshes of different devices reads the array whole.
+    """
+    def key(index: tuple[slice, ...]) -> tuple:
+        return tuple((s.start, s.stop, s.step) for s in index)
+
+    def put(array: jax.Array, sharding: jax.sharding.Sharding) -> jax.Array:
+        held = {key(shard.index): shard.data for shard in array.addressable_shards}
+        wanted = sharding.addressable_devices_indices_map(array.shape)
+        if any(key(index) not in held for index in wanted.values()):
+            return jax.device_put(array, sharding)
+        own = {shard.device: shard for shard in array.addressable_shards}
+        return jax.make_array_from_single_device_arrays(array.shape, sharding, [
+            own[device].data if device in own and key(own[device].index) == key(index) else
+            jax.device_put(held[key(index)], device) for device, index in wanted.items()
+        ])
+
+    return jax.tree.map(put, tree, shardings)
+
+
 def put_on(tree: PyTree, shardings: PyTree) -> PyTree:
     """Place ``tree`` (the same values in every process) on ``shardings``.
 

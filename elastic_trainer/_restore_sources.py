@@ -26,7 +26,7 @@ from jaxtyping import PyTree
 from ._failures import TrainingStopped
 from .clusters import SyncCall
 from .clusters.multicontroller._rejoin import compile_from_peers
-from ._mesh import keep_slices
+from ._mesh import keep_slices, spread
 from ._records import Layout, RestoredFrom
 from .checkpoints._run_checkpoints import NoReadableCheckpoint
 
@@ -121,7 +121,7 @@ class Replica(_InMemorySource):
 
     def _arrays(self, ctx: TrainingContext, request: RestoreRequest) -> PyTree:
         positions = [request.old.slices.index(s) for s in request.survivors]
-        return keep_slices(request.arrays, request.old.mesh, positions)
+        return spread(keep_slices(request.arrays, request.old.mesh, positions), request.new.shardings)
 
 
 class Snapshot(_InMemorySource):

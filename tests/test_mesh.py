@@ -3,7 +3,7 @@ import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
 import elastic_trainer as et
-from elastic_trainer._mesh import batch_sharding, state_shardings
+from elastic_trainer._mesh import batch_sharding, spread, state_shardings
 
 
 def mesh_of(slices, devices_per_slice):
@@ -31,3 +31,21 @@ def test_sharded_state_splits_the_largest_divisible_axis_and_keeps_the_rest_whol
     assert shardings["odd"].spec == P()
     assert shardings["scalar"].spec == P()
     assert all(s.spec == P() for s in jax.tree.leaves(state_shardings(state, mesh, within_slice="replicated")))
+
+
+def test_a_replica_spreads_onto_a_spares_devices_keeping_the_survivors_buffers():
+    """Slices 0 and 2 of 3 (2 devices each, the state split within each slice) hold the state; spread onto slices
+    0, 2 and the spare 3: the survivors' devices keep their very buffers, the spare's get copies of the shards of
+    the same index, and every value is the original's."""
+    devices = et.SimulatedCluster(3, 2, spare_slices=1).slice_devices()
+    survivors, swapped = et.make_mesh([devices[s] for s in (0, 2)]), et.make_mesh([devices[s] for s in (0, 2, 3)])
+    state = {"w": jnp.arange(24.0).reshape(3, 8), "key": jax.random.key(7)}
+    held = jax.device_put(state, state_shardings(state, survivors, within_slice="sharded"))
+    spread_out = spread(held, state_shardings(state, swapped, within_slice="sharded"))
+    assert spread_out["w"].sharding.mesh.devices.tolist() == swapped.devices.tolist()
+    kept = {shard.device: shard.data.unsafe_buffer_pointer() for shard in held["w"].addressable_shards}
+    for shard in spread_out["w"].addressable_shards:
+        if shard.device in kept:
+            assert shard.data.unsafe_buffer_pointer() == kept[shard.device], "a survivor's shard was copied"
+        assert (shard.data == state["w"][shard.index]).all()
+    assert (jax.random.key_data(spread_out["key"]) == jax.random.key_data(state["key"])).all()
