@@ -36,6 +36,12 @@ def with_spares(candidates: Sequence[int], *, in_use: Sequence[int], limit: int)
     return tuple(sorted(ordered[:limit]))
 
 
+def without(slices: Sequence[int], returning: Sequence[int]) -> tuple[int, ...]:
+    """``slices`` less those ``returning``: the layout a recovery makes first. A returning slice is taken in on a
+    new backend afterwards (``take_back``), where nothing compiled on the old one is kept."""
+    return tuple(s for s in slices if s not in returning)
+
+
 class Layouts:
     """Makes the layouts a run trains on, and compiles likely next ones ahead.
 
@@ -71,10 +77,13 @@ class Layouts:
         return mesh_slice_count(self._cluster)
 
     def spares(self, in_use: Sequence[int]) -> list[int]:
-        """The spares now: healthy slices out of ``in_use`` (none asked for on a cluster without spares)."""
+        """The spares now: healthy slices out of ``in_use``, and those waiting to be taken in on a runtime that must
+        take them in (:func:`~elastic_trainer.clusters.returning_slices`); none asked for on a cluster without
+        spares."""
         if not has_spares(self._cluster):
             return []
-        return [s for s in self._hooks.et_slice_health(trainer=self._view) if s not in in_use]
+        healthy = [*self._hooks.et_slice_health(trainer=self._view), *returning_slices(self._cluster)]
+        return sorted(s for s in set(healthy) if s not in in_use)
 
     def make(self, slices: Sequence[int], *, plan: RecoveryPlan | None = None, at_start: bool = False) -> Layout:
         """Mesh ``slices`` and get a step compiled for them, with ``plan``'s batch policy; the meshing is booked
@@ -101,15 +110,20 @@ class Layouts:
         compiles one at a time in this order and only while it has room
         (``trainer.max_cached_layouts``), so at N slices at most that many of
         the N "one slice fewer" layouts are compiled ahead: a bounded cost at
-        any N (docs/architecture.md, "Compiles").
+        any N (docs/architecture.md, "Compiles"). A spare fills each lost
+        slice's place (:func:`with_spares`). Where a new backend takes the
+        spare in (a returning slice), the survivors' layout is compiled first
+        (:func:`without`: the recovery's), then the one with the spare, which
+        reaches the new backend through JAX's persistent compilation cache.
         """
         if layout.slices == self._likely_from:
             return
         self._likely_from = layout.slices
         all_devices, failures = self._cluster.slice_devices(), self._cluster.incarnations()
-        spares = self.spares(layout.slices)
-        likely = dict.fromkeys(with_spares([*slices, *spares], in_use=slices, limit=self.limit)
-                               for layouts in self._hooks.et_likely_layouts(trainer=self._view) for slices in layouts)
+        spares, returning = self.spares(layout.slices), returning_slices(self._cluster)
+        chosen = [with_spares([*slices, *spares], in_use=slices, limit=self.limit)
+                  for layouts in self._hooks.et_likely_layouts(trainer=self._view) for slices in layouts]
+        likely = dict.fromkeys(variant for slices in chosen for variant in (without(slices, returning), slices))
         self._steps.drop_queued(keep=list(likely))
 
         def likeliest_first(slices: tuple[int, ...]) -> tuple[int, int]:

@@ -27,7 +27,7 @@ from .clusters import (
 from ._failures import (
     ConfigError, Failure, PluginError, RecoveryPlan, RestartRequested, SliceLostError, TrainingStopped,
 )
-from ._layouts import Layouts, with_spares
+from ._layouts import Layouts, with_spares, without
 from ._mesh import keep_slices
 from ._plugins import answering
 from ._records import FailureRecord, Layout, LoopState, PendingRecovery, RestoredFrom, RunContext, StepHistory
@@ -156,8 +156,9 @@ def carry_out(
 
 
 def _waits_in_vain(ctx: RunContext, plan: RecoveryPlan, total: int) -> bool:
-    """Whether ``plan`` would wait for lost slices that do not come back within its wait."""
-    healthy = ctx.cluster.healthy_slices()
+    """Whether ``plan`` would wait for lost slices that do not come back within its wait (those back and waiting
+    to be taken in, spares among them, count as healthy)."""
+    healthy = [*ctx.cluster.healthy_slices(), *returning_slices(ctx.cluster)]
     waits = plan.wait_for_all_s and len(healthy) < total or plan.wait_for_min_s and len(healthy) < plan.min_slices
     lost = [s for s in range(len(ctx.cluster.slice_devices())) if s not in healthy]
     rejoins = isinstance(ctx.cluster, AbstractRejoinCluster)  # elsewhere a lost slice may come back any time
@@ -244,9 +245,9 @@ def _recover_from(ctx: TrainingContext, failure: Failure, index: int, error: Exc
             "the traditional way; select one with +strategy=NAME to keep training through failures."
         ) from error
     plan, healthy = carry_out(ctx, plan, index, error=error, restart=lambda: restart(ctx, index, state, error=error))
-    healthy = list(with_spares(healthy, in_use=old.slices, limit=ctx.layouts.limit))  # spares past it stay out
-    returning = [s for s in healthy if s in returning_slices(ctx.cluster)]  # taken back in once recovered
-    healthy = [s for s in healthy if s not in returning]
+    chosen = with_spares(healthy, in_use=old.slices, limit=ctx.layouts.limit)  # spares past it stay out
+    returning = [s for s in chosen if s in returning_slices(ctx.cluster)]  # taken back in once recovered
+    healthy = list(without(chosen, returning))
     lost = lost_slices(ctx, old.slices, failure.slices, state.incarnations)  # more may have failed meanwhile
     gone = gone_slices(state, lost)
     arrays = state.arrays
@@ -268,17 +269,18 @@ def _recover_from(ctx: TrainingContext, failure: Failure, index: int, error: Exc
         slices_after=len(new.slices),
     )
     ctx.layouts.record_resize(step, old, new, reason="failure", seconds=remesh_s + record.compile_s + record.restore_s)
-    if has_spares(ctx.cluster):  # which spares took the lost slices' places
-        ctx.failures.amend(index, spares_taken=tuple(s for s in new.slices if s not in old.slices),
-                           spares_left=len(ctx.layouts.spares(new.slices)))
     recovered = LoopState(
         arrays, new, step=int(arrays.step), position=int(arrays.data_position),
         incarnations=ctx.cluster.incarnations(), pending=PendingRecovery(index, record.failed_at),
         save_due=state.save_due and failure.phase == "update" and restored_step == step,  # committed, not saved yet
     )
-    if returning:  # replacements of lost slices came back while the plan waited
-        recovered = take_back(ctx, recovered, sorted([*healthy, *returning]), returning)
+    if returning:  # replacements of lost slices came back while the plan waited, or spares wait to be taken in
+        recovered = take_back(ctx, recovered, chosen, returning)
         ctx.failures.amend(index, slices_after=len(recovered.layout.slices))
+    if has_spares(ctx.cluster):  # which spares took the lost slices' places
+        in_use = recovered.layout.slices
+        ctx.failures.amend(index, spares_taken=tuple(s for s in in_use if s not in old.slices),
+                           spares_left=len(ctx.layouts.spares(in_use)))
     return recovered
 
 

@@ -461,6 +461,16 @@ CLI_CELLS = {  # (strategy, phase, run): (what fails, the cluster's overrides, t
         "[{at_step: 5, slice: 1}, {at_step: 5, slice: 2, phase: recovery}]",
         Expected(failures=(("train_step", (1,), "none", 0), ("recovery", (1, 2), "replica", 0)),
                  restores=((0, "replica", 5),), exits=((0, KILLED, KILLED),))),
+    ("hot_swap", "train_step", "multiprocess"): (  # the spare is taken in with its state from a peer
+        "process 1 of 3 killed during step 6, a spare (process 3) waiting", [*processes(3), "cluster.spare_slices=1"],
+        "[{at_step: 5, slice: 1}]",
+        Expected(failures=(("train_step", (1,), "replica", 0),), restores=((0, "replica", 5),),
+                 exits=((0, KILLED, 0, 0),))),
+    ("hot_swap", "two_slices", "multiprocess"): (  # no spare left: scale_down, the chain's next
+        "the spare (process 3) killed at step 3, then process 1 of 3 during step 6",
+        [*processes(3), "cluster.spare_slices=1"], "[{at_step: 2, slice: 3}, {at_step: 5, slice: 1}]",
+        Expected(failures=(("train_step", (1,), "replica", 0),), restores=((0, "replica", 5),),
+                 exits=((0, KILLED, 0, KILLED),))),
 }
 """The cells run through ``python -m elastic_trainer``: with the full_restart supervisor and its worker
 processes (*CLI*), or with ``cluster=multiprocess``, whose launcher runs one JAX process per slice and
@@ -499,11 +509,14 @@ def processes_of(run_dir: Path) -> list[psutil.Process]:
 
 
 SLOW_CELLS = {("scale_down", "checkpoint_restore", "multiprocess"), ("scale_down", "recovery", "multiprocess"),
-              ("pause_resume", "train_step", "multiprocess"), ("scale_down", "update", "multiprocess")}
-"""Left out of the default suite (``-m slow`` runs them): about 190 s of it, on 2 cores. The pause_resume cell
+              ("pause_resume", "train_step", "multiprocess"), ("scale_down", "update", "multiprocess"),
+              ("hot_swap", "train_step", "multiprocess"), ("hot_swap", "two_slices", "multiprocess")}
+"""Left out of the default suite (``-m slow`` runs them): about 270 s of it, on 2 cores. The pause_resume cell
 re-forms the job (its lost process never comes back); tests/test_multiprocess.py has pause_resume taking a
 returning process back in, in the default suite. The update phase is in the default suite in-process, for
-every strategy."""
+every strategy. A swap on cluster=multiprocess takes a spare in as pause_resume's test takes a replacement in."""
+CLI_STRATEGIES = {"hot_swap": "swap_then_scale_down"}
+"""The strategy a command-line cell selects, where it is not the row's name: the chain its in-process row runs."""
 
 
 @pytest.mark.parametrize("cell", [pytest.param(c, marks=pytest.mark.slow) if c in SLOW_CELLS else c for c in CLI_CELLS],
@@ -518,8 +531,8 @@ def test_cell_through_the_command_line(tmp_path, cli_reference, cell):
             copy_checkpoints(reference, run_dir / "checkpoints", up_to=expected.resumes_from, every=CLI_PERIOD)
             initial = saved_steps(run_dir / "checkpoints")
             assert initial and initial[-1] == expected.resumes_from
-        result = run_cli(*CLI_TINY, *cluster, f"+strategy={strategy}", "+chaos=schedule",
-                         f"chaos.failures={schedule}", f"hydra.run.dir={run_dir}")
+        result = run_cli(*CLI_TINY, *cluster, f"+strategy={CLI_STRATEGIES.get(strategy, strategy)}",
+                         "+chaos=schedule", f"chaos.failures={schedule}", f"hydra.run.dir={run_dir}")
         leftover = processes_of(run_dir)
         for process in leftover:
             process.kill()
@@ -620,7 +633,8 @@ def render_table(rows: dict) -> str:
         "+strategy=full_restart` with the real supervisor and worker processes. *multiprocess* runs "
         "`python -m elastic_trainer cluster=multiprocess`: one JAX process per slice (2 CPU devices each, "
         "gloo collectives), a lost slice's process really killed (SIGKILL), process 0 included: the launcher "
-        "hosts JAX's coordination service. All-slices cells run in-process only. The command-line cells train a "
+        "hosts JAX's coordination service (hot_swap: 3 processes and a spare process waiting, "
+        "`+strategy=swap_then_scale_down`). All-slices cells run in-process only. The command-line cells train a "
         f"larger tiny model for {CLI_STEPS} steps, global batch {CLI_BATCH}, checkpoints every {CLI_PERIOD}, and "
         "are compared with the checkpoints of the same run without failures on as many simulated slices.",
         "",

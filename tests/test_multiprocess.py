@@ -286,6 +286,37 @@ def test_scale_down_takes_a_returning_process_back_in_and_ends_with_the_failure_
     assert_ends_as_failure_free(run_dir, [*CLI_TINY, *steps, "cluster.slices=3"], tmp_path_factory)
 
 
+SPARE_STEPS = 40
+
+
+@pytest.mark.slow  # python -m pytest -m slow
+def test_a_spare_process_takes_a_killed_ones_place_with_its_state_from_a_peer(run_dir, tmp_path_factory):
+    """3 processes and a spare (process 3, started with the job and waiting), process 1 SIGKILLed for good at step
+    20: hot_swap takes the spare in at once with its state from a peer, 0 steps lost, and the job finishes at 3
+    slices with the parameters of a failure-free 3-slice run (rtol 1e-5), every sample once, no process
+    restarted."""
+    steps = [f"trainer.steps={SPARE_STEPS}", f"checkpoint.period={SPARE_STEPS}"]
+    result = run_cli(*CLI_TINY, *steps, *THREE, "cluster.spare_slices=1", "+strategy=hot_swap", "+chaos=schedule",
+                     "chaos.failures=[{at_step: 20, slice: 1}]", f"hydra.run.dir={run_dir}")
+    assert result.returncode == 0, result.stderr
+    report = report_of(run_dir)
+    assert report["steps_completed"] == SPARE_STEPS and report["cluster"]["spare_slices"] == 1
+    (failure,) = report["failures"]
+    assert (failure["step"], failure["slices"], failure["action"]) == (20, [1], "hot_swap")
+    assert (failure["restored_from"], failure["lost_steps"], failure["slices_after"]) == ("replica", 0, 3)
+    assert (failure["spares_taken"], failure["spares_left"]) == ([3], 0)
+    assert [(r["step"], r["reason"], r["slices"], r.get("state_from_peer")) for r in report["resizes"]] == [
+        (20, "failure", [0, 2], None), (20, "rejoined", [0, 2, 3], [3])]
+    assert report["spares"] == {"in_use": [3], "left": 0}
+    (attempt,) = report["process_exits"]
+    assert attempt["exit_codes"] == [0, -signal.SIGKILL, 0, 0]
+    assert attempt["replaced_exit_codes"] == [[], [], [], []] and all(len(pids) == 1 for pids in attempt["pids"])
+    assert report["samples"] == {"consumed": SPARE_STEPS * 48, "duplicated": 0, "skipped": 0}
+    spare = json.loads((run_dir / "process3" / "report.attempt0.json").read_text())
+    assert spare["resumed_from"] is None and spare["samples"]["consumed"] == (SPARE_STEPS - 20) * 48
+    assert_ends_as_failure_free(run_dir, [*CLI_TINY, *steps, "cluster.slices=3"], tmp_path_factory)
+
+
 EIGHT_STEPS = 120
 
 

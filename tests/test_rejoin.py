@@ -1,6 +1,10 @@
 """The parts of a rejoin that run in one process: the state from a peer, its trip through host memory, the
 admission's record, and when the launcher starts a replacement (tests/test_multiprocess.py runs it for real)."""
 
+import os
+import socket
+import subprocess
+import sys
 import time
 
 import jax
@@ -183,6 +187,25 @@ def test_a_replacement_is_returning_only_while_it_asks(process_0):
     cluster.membership._offer_returns()
     cluster.membership._hear_returns()
     assert cluster.membership.returning_slices() == [] and client.barriers == []
+
+
+def test_spares_are_out_of_the_job_until_taken_in_and_a_spare_that_died_waiting_is_not_offered(process_0):
+    """3 slices and a spare of one process each: the spare is not live, and once it asks it returns (a spare of the
+    live processes' layouts); one that died while waiting (its OS pid ended on this host) is not offered."""
+    client = FakeClient()
+    membership = Membership(num_processes=4, processes_per_slice=1, client=lambda: client,
+                            on_lost=lambda processes: None, spare_slices=1)
+    assert membership.live == {0, 1, 2} and membership.healthy_slices() == [0, 1, 2]
+    client.key_value_set(f"{KEY_PREFIX}pid/3", f"{socket.gethostname()} {os.getpid()}")  # a spare notes itself
+    client.key_value_set(f"{KEY_PREFIX}join/3", str(os.getpid()))  # and asks
+    membership._offer_returns()
+    membership._hear_returns()
+    assert membership.returning_slices() == [3]
+    ended = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    client.key_value_set(f"{KEY_PREFIX}join/3", ended.stdout.strip())  # the spare, killed while it waited
+    membership._offer_returns()
+    membership._hear_returns()
+    assert membership.returning_slices() == []
 
 
 class TwoSlicesOfTwoProcesses(ThreeProcesses):

@@ -119,6 +119,8 @@ class Checkpointer:
     :param max_failed_saves: a run stops when this many saves in a row failed for I/O.
     :param admission: in a replacement process, how the job took it in (``cluster.admission``): it saves alone,
         in the job's next checkpoint group, until the trainer makes it one of the group again.
+    :param processes: the processes that save together from the start, when not every process of the job (a job
+        whose spare processes hold no part of the state): a group of their own, as after :meth:`save_over`.
     """
 
     def __init__(
@@ -131,6 +133,7 @@ class Checkpointer:
         mtbf_s: float | None = None,
         max_failed_saves: int = 3,
         admission: Admission | None = None,
+        processes: Collection[int] | None = None,
     ):
         check_checkpoint_settings(period=period, max_to_keep=max_to_keep, mtbf_s=mtbf_s,
                                   max_failed_saves=max_failed_saves)
@@ -147,11 +150,12 @@ class Checkpointer:
         self._failed_saves = FailedSaves(self.directory)
         self.groups = admission.checkpoint_group - 1 if admission else 0  # a replacement saves alone at first
         """How many times the processes regrouped (each group's barriers are named after it)."""
-        self.processes = frozenset([jax.process_index()] if admission else range(jax.process_count()))
-        """The processes that save together: every process of the job, until :meth:`save_over`."""
+        grouped = admission is not None or processes is not None
+        self.processes = frozenset([jax.process_index()] if admission else processes or range(jax.process_count()))
+        """The processes that save together: every process of the job (or ``processes``), until :meth:`save_over`."""
         self._barrier = self._group_barrier(self.processes)
-        self.manager = self._manager(active_processes=set(self.processes) if admission else None, barrier=self._barrier)
-        if self._barrier is not None:
+        self.manager = self._manager(active_processes=set(self.processes) if grouped else None, barrier=self._barrier)
+        if self._barrier is not None and not grouped:
             self._compile_orbax_barrier()
         log_closed_loop_noise()
 

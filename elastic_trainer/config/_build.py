@@ -12,7 +12,7 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig
 
 from ..checkpoints._checkpointer import Checkpointer
-from ..clusters import Admission, admission_of
+from ..clusters import AbstractCluster, AbstractMultiControllerCluster, admission_of, has_spares
 from .._failures import ConfigError
 from .._stragglers import StragglerRule
 from .._trainer import Trainer
@@ -35,7 +35,7 @@ def build_trainer(
     if cfg.trainer.compilation_cache_dir:
         use_persistent_compilation_cache(Path(cfg.trainer.compilation_cache_dir).expanduser())
     return Trainer(
-        checkpointer=_checkpointer(cfg.checkpoint, run_dir, admission=admission_of(cluster)),
+        checkpointer=_checkpointer(cfg.checkpoint, run_dir, cluster=cluster),
         resume=cfg.checkpoint.resume,
         model=_instantiate(cfg, "model", key=jax.random.fold_in(jax.random.key(cfg.seed), 0)),
         loss_fn=_instantiate(cfg, "loss"),
@@ -84,13 +84,15 @@ def checkpoint_directory(cfg: DictConfig, run_dir: str | Path | None) -> Path | 
     return Path(directory) if cfg.enabled and directory else None
 
 
-def _checkpointer(cfg: DictConfig, run_dir: str | Path | None, *, admission: Admission | None) -> Checkpointer | None:
+def _checkpointer(cfg: DictConfig, run_dir: str | Path | None, *, cluster: AbstractCluster) -> Checkpointer | None:
     directory = checkpoint_directory(cfg, run_dir)
     if directory is None:
         return None
+    spares_wait = has_spares(cluster) and isinstance(cluster, AbstractMultiControllerCluster)  # and save nothing
     return Checkpointer(
         directory, period=cfg.period, max_to_keep=cfg.max_to_keep, async_save=cfg.async_save, mtbf_s=cfg.mtbf_s,
-        max_failed_saves=cfg.max_failed_saves, admission=admission,
+        max_failed_saves=cfg.max_failed_saves, admission=admission_of(cluster),
+        processes=cluster.live_processes() if spares_wait else None,
     )
 
 

@@ -31,6 +31,7 @@ def check_multiprocess_settings(
     num_processes: int,
     devices_per_process: int | None,
     processes_per_slice: int,
+    spare_slices: int,
     heartbeat_timeout_s: int,
     collective_timeout_s: int | None,
     initialization_timeout_s: int,
@@ -49,6 +50,7 @@ def check_multiprocess_settings(
             f"cluster.processes_per_slice ({processes_per_slice}) must divide "
             f"cluster.num_processes ({num_processes}); a slice is that many whole processes."
         )
+    check_at_least("cluster.spare_slices", spare_slices, 0)
     # whole seconds: JAX's and XLA's own units
     check_at_least("cluster.heartbeat_timeout_s", heartbeat_timeout_s, 1)
     if collective_timeout_s is not None:

@@ -28,6 +28,7 @@ from hydra.plugins.config_source import ConfigSource
 from omegaconf import DictConfig
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException
 
+from ..clusters.multicontroller._multiprocess import job_processes
 from ..config._build import build_strategy, build_trainer, checkpoint_directory
 from ..config._schemas import check_config, omegaconf_message, register_configs
 from .._failures import ConfigError, PluginError, RestartRequested, TrainingStopped
@@ -150,7 +151,9 @@ def _launch(cfg: DictConfig, strategy: object, job: dict) -> int:
             "checkpoint.period=auto does not work with several processes (each would choose its own "
             "period from its own measurements, and Orbax saves together); give a number of steps."
         )
-    return launch(**job, num_processes=cfg.cluster.num_processes,
+    processes = job_processes(num_processes=cfg.cluster.num_processes, spare_slices=cfg.cluster.spare_slices,
+                              processes_per_slice=cfg.cluster.processes_per_slice)
+    return launch(**job, num_processes=processes,
                   max_restarts=strategy.max_restarts if restarts_process(strategy) else REGROUPS_WITHOUT_RESTARTS,
                   serves_coordinator=cfg.cluster.coordinator == "separate",
                   heartbeat_timeout_s=cfg.cluster.heartbeat_timeout_s)
@@ -275,8 +278,8 @@ def check_values(overrides: list[str]) -> None:
 def _no_spares_message(overrides: list[Override]) -> str:
     """One sentence for ``cluster.spare_slices`` set on a cluster that keeps no spare slices."""
     kind = next((o.value() for o in overrides if o.key_or_group == "cluster"), "?")
-    return (f"cluster={kind} keeps no spare slices: cluster.spare_slices is cluster=simulated's only "
-            "(docs/clusters.md, \"Spare slices\"); drop it, or choose cluster=simulated.")
+    return (f"cluster={kind} keeps no spare slices: cluster.spare_slices is cluster=simulated's and "
+            "cluster=multiprocess's only (docs/clusters.md, \"Spare slices\"); drop it, or choose one of those.")
 
 
 def _failed_key(error: ConfigCompositionException, overrides: list[Override]) -> str:

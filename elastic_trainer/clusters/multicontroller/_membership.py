@@ -40,17 +40,19 @@ class Membership:
     """Who is in the job: the live processes, each slice's failure count, the replacements that asked to join, and
     the counts of steps dispatched and of agreements, which every live process holds alike.
 
-    :param num_processes: processes in the job.
+    :param num_processes: processes in the job, the spares' included.
     :param processes_per_slice: processes that make up one slice (consecutive ones).
+    :param spare_slices: how many of the slices are spares at the start (the last ones): their processes are not
+        live until taken in.
     :param client: returns the coordination service's client (``None`` before joining).
     :param on_lost: called with the processes found dead, in the lowest live process (their replacements may start).
     """
 
     def __init__(self, *, num_processes: int, processes_per_slice: int, client: Callable,
-                 on_lost: Callable[[list[int]], None]):
+                 on_lost: Callable[[list[int]], None], spare_slices: int = 0):
         self.processes_per_slice = processes_per_slice
         self.slices = num_processes // processes_per_slice
-        self.live: set[int] = set(range(num_processes))
+        self.live: set[int] = set(range((self.slices - spare_slices) * processes_per_slice))
         """The processes alive at the last agreement."""
         self.failures: list[int] = [0] * self.slices
         """How often each slice has failed (its incarnation)."""
@@ -119,8 +121,9 @@ class Membership:
         self.agreements += 1
         if own_process_id() != min(self.live):
             return
-        asking = [int(key.rsplit("/", 1)[1]) for key, _ in self._client().key_value_dir_get(keys.JOIN)]
-        asking = sorted(p for p in asking if p not in self.live)
+        asking = {int(key.rsplit("/", 1)[1]): pid for key, pid in self._client().key_value_dir_get(keys.JOIN)}
+        asking = sorted(p for p, os_pid in asking.items()
+                        if p not in self.live and not _dead_here(self._client(), p, os_pid))
         if asking:
             self._client().key_value_set(keys.asks(self.agreements), json.dumps(asking))
 
@@ -167,13 +170,17 @@ def processes_behind(client, processes: set[int], dispatched: int, *, not_before
     return sorted(behind)
 
 
-def _dead_here(client, process: int) -> bool:
-    """Whether ``process`` ran on this host and has ended (a zombie its launcher has not reaped yet included)."""
-    host, pid = (keys.noted(client, keys.pid(process)) or " ").split(" ")
+def _dead_here(client, process: int, os_pid: str | None = None) -> bool:
+    """Whether ``process`` ran on this host and has ended (a zombie its launcher has not reaped yet included).
+
+    ``os_pid`` names the one that runs as ``process`` when it is not the one its ``pid`` note names: a spare or
+    replacement that asked to join (a replacement's note is still its predecessor's, on the same host).
+    """
+    host, noted_pid = (keys.noted(client, keys.pid(process)) or " ").split(" ")
     if host != socket.gethostname():
         return False
     try:
-        return psutil.Process(int(pid)).status() in (psutil.STATUS_ZOMBIE, psutil.STATUS_DEAD)
+        return psutil.Process(int(os_pid or noted_pid)).status() in (psutil.STATUS_ZOMBIE, psutil.STATUS_DEAD)
     except psutil.NoSuchProcess:
         return True
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import atexit
 import os
-import socket
 import sys
 import threading
 from collections.abc import Callable, Sequence
@@ -12,7 +11,9 @@ from collections.abc import Callable, Sequence
 import jax
 from jaxtyping import PyTree
 
-from .._base import AbstractProcessInjectableCluster, AbstractRejoinCluster, AbstractTimedCluster, SyncCall
+from .._base import (
+    AbstractProcessInjectableCluster, AbstractRejoinCluster, AbstractSpareCluster, AbstractTimedCluster, SyncCall,
+)
 from ..._failures import ConfigError, SliceLostError, StepTimeoutError
 from ..._private_apis import backends_started, bound_orbax_barriers, coordination_client
 from . import _keys as keys
@@ -20,7 +21,7 @@ from ._coordinator import DEFAULT_HEARTBEAT_TIMEOUT_S, join_job
 from ._membership import Membership, devices_of
 from ._platform import PLATFORM_LAYERS, PlatformLayer
 from ._process_injection import ProcessInjection
-from ._rejoin import Admission, Rejoin, note_lost
+from ._rejoin import Admission, Rejoin, note_lost, note_pid
 from ._step_times import TimeoutCheck
 from ...config._settings import check_multiprocess_settings
 
@@ -50,7 +51,14 @@ def _configure_runtime(
     bound_orbax_barriers(barrier_timeout_s)
 
 
-class MultiprocessCluster(AbstractRejoinCluster, AbstractProcessInjectableCluster, AbstractTimedCluster):
+def job_processes(*, num_processes: int, spare_slices: int, processes_per_slice: int) -> int:
+    """Every process of a job of ``num_processes`` processes in the mesh and ``spare_slices`` spare slices: what
+    the launcher starts and ``jax.distributed`` counts."""
+    return num_processes + spare_slices * processes_per_slice
+
+
+class MultiprocessCluster(AbstractRejoinCluster, AbstractProcessInjectableCluster, AbstractSpareCluster,
+                          AbstractTimedCluster):
     """Slices made of processes of a multi-controller JAX job (``jax.distributed``).
 
     Every process runs the same training loop on its own devices; a slice is
@@ -67,6 +75,9 @@ class MultiprocessCluster(AbstractRejoinCluster, AbstractProcessInjectableCluste
     :param devices_per_process: CPU devices each process starts with (the
         local launcher; ``None`` keeps the platform's own devices).
     :param processes_per_slice: processes that make up one slice.
+    :param spare_slices: slices more, whose processes (the last ones) start
+        with the job and wait to be taken in, as a replacement waits; each
+        takes a lost slice's place (docs/multiprocess.md, "Spare slices").
     :param heartbeat_timeout_s: the coordination service declares a silent
         process dead after this long; the floor of every detection.
     :param collective_timeout_s: on CPU, a collective still waiting for a
@@ -100,6 +111,7 @@ class MultiprocessCluster(AbstractRejoinCluster, AbstractProcessInjectableCluste
         num_processes: int = 2,
         devices_per_process: int | None = 2,
         processes_per_slice: int = 1,
+        spare_slices: int = 0,
         heartbeat_timeout_s: int = DEFAULT_HEARTBEAT_TIMEOUT_S,
         collective_timeout_s: int | None = None,
         initialization_timeout_s: int = 120,
@@ -110,13 +122,17 @@ class MultiprocessCluster(AbstractRejoinCluster, AbstractProcessInjectableCluste
     ):
         check_multiprocess_settings(
             num_processes=num_processes, devices_per_process=devices_per_process,
-            processes_per_slice=processes_per_slice, heartbeat_timeout_s=heartbeat_timeout_s,
+            processes_per_slice=processes_per_slice, spare_slices=spare_slices, heartbeat_timeout_s=heartbeat_timeout_s,
             collective_timeout_s=collective_timeout_s, initialization_timeout_s=initialization_timeout_s,
             barrier_timeout_s=barrier_timeout_s, platform=platform, launcher=launcher, coordinator=coordinator,
         )
         self.num_processes = num_processes
         self.devices_per_process = devices_per_process
         self.processes_per_slice = processes_per_slice
+        self.spare_slices = spare_slices
+        self.job_processes = job_processes(num_processes=num_processes, spare_slices=spare_slices,
+                                           processes_per_slice=processes_per_slice)
+        """Every process of the job, the spares' included."""
         self.heartbeat_timeout_s = heartbeat_timeout_s
         self.collective_timeout_s = collective_timeout_s or AUTO_COLLECTIVE_TIMEOUT_S
         self._timeout_check = None if collective_timeout_s else TimeoutCheck(self.collective_timeout_s)
@@ -128,11 +144,13 @@ class MultiprocessCluster(AbstractRejoinCluster, AbstractProcessInjectableCluste
         self.coordinator = coordinator
         self.protected_slices = (0,) if coordinator == "process0" else ()  # failure injection spares the service's host
         self.slices = num_processes // processes_per_slice
-        self.membership = Membership(num_processes=num_processes, processes_per_slice=processes_per_slice,
-                                     client=self._client, on_lost=note_lost)
+        """Slices in the mesh at the start (the spares are more)."""
+        self.membership = Membership(num_processes=self.job_processes, processes_per_slice=processes_per_slice,
+                                     spare_slices=spare_slices, client=self._client, on_lost=note_lost)
         """Who is in the job, as the live processes last agreed."""
         self._rejoin = Rejoin(self.membership, client=self._client, initialization_timeout_s=initialization_timeout_s,
-                              barrier_timeout_s=barrier_timeout_s, platform_layer=self.platform_layer)
+                              barrier_timeout_s=barrier_timeout_s, platform_layer=self.platform_layer,
+                              keeps_spares=spare_slices > 0)
         self._injection = ProcessInjection(self.membership, client=self._client, protected_slices=self.protected_slices)
         self._step_seconds: dict[int, float] = {}
 
@@ -150,14 +168,15 @@ class MultiprocessCluster(AbstractRejoinCluster, AbstractProcessInjectableCluste
         _configure_runtime(platform=self.platform_layer, devices_per_process=self.devices_per_process,
                            collective_timeout_s=self.collective_timeout_s, barrier_timeout_s=self.barrier_timeout_s)
         process_id = os.environ.get(PROCESS_ID_ENV)  # unset: JAX's cluster detection knows it, and the count
-        join_job(self.coordinator, num_processes=self.num_processes if process_id is not None else None,
+        join_job(self.coordinator, num_processes=self.job_processes if process_id is not None else None,
                  process_id=int(process_id) if process_id is not None else None,
                  heartbeat_timeout_s=self.heartbeat_timeout_s, initialization_timeout_s=self.initialization_timeout_s)
-        self._rejoin.ask_to_join()  # a replacement of a lost process: taken in by the live ones, or ended
-        if jax.process_count() != self.num_processes:
+        self._rejoin.ask_to_join()  # a replacement of a lost process, or a spare: taken in by the live ones, or ended
+        if jax.process_count() != self.job_processes:
             raise ConfigError(
-                f"cluster.num_processes is {self.num_processes} but the job has {jax.process_count()} processes; "
-                "set it to the number of processes the scheduler starts."
+                f"cluster.num_processes ({self.num_processes}) and cluster.spare_slices ({self.spare_slices}) of "
+                f"{self.processes_per_slice} process(es) make {self.job_processes} processes but the job has "
+                f"{jax.process_count()}; set them to the number of processes the scheduler starts."
             )
         local = len(jax.local_devices())
         if self.devices_per_process is not None and local != self.devices_per_process:
@@ -165,8 +184,7 @@ class MultiprocessCluster(AbstractRejoinCluster, AbstractProcessInjectableCluste
                 f"cluster.devices_per_process is {self.devices_per_process} but this process has {local} devices; "
                 "set it to match, or to null to take the platform's devices."
             )
-        self._client().key_value_set(keys.pid(jax.process_index()), f"{socket.gethostname()} {os.getpid()}",
-                                     allow_overwrite=True)
+        note_pid(self._client())
         atexit.register(self._leave)  # runs before JAX's own exit handler, which shuts the client down
 
     def _leave(self) -> None:
@@ -200,13 +218,14 @@ class MultiprocessCluster(AbstractRejoinCluster, AbstractProcessInjectableCluste
         return self.membership.processes_of(index)
 
     def slice_devices(self) -> list[list[jax.Device]]:
-        return [devices_of(self.processes_of(s)) for s in range(self.slices)]
+        return [devices_of(self.processes_of(s)) for s in range(self.slices + self.spare_slices)]
 
     def describe(self) -> dict:
         per_process = self.devices_per_process or len(jax.local_devices())
         return {
             "kind": self.kind, "slices": self.slices, "devices_per_slice": per_process * self.processes_per_slice,
             "processes": self.num_processes, "processes_per_slice": self.processes_per_slice,
+            "spare_slices": self.spare_slices,
             "heartbeat_timeout_s": self.heartbeat_timeout_s, "collective_timeout_s": self.collective_timeout_s,
             "barrier_timeout_s": self.barrier_timeout_s, "coordinator": self.coordinator,
         }

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import time
 from collections.abc import Callable
 from typing import final
@@ -12,7 +13,8 @@ import jax
 
 from ..._failures import ConfigError
 from ._membership import Membership
-from ._rejoin import note_return, say_down
+from . import _keys as keys
+from ._rejoin import note_lost, note_return, say_down
 
 
 @final
@@ -35,10 +37,16 @@ class ProcessInjection:
 
         After ``down_for_s`` the local launcher starts a replacement of each
         (:func:`note_return`), which the live processes take back in when the
-        strategy scales up (docs/multiprocess.md, "Rejoin").
+        strategy scales up (docs/multiprocess.md, "Rejoin"). A slice out of
+        the job (a spare, or a lost slice back and waiting) takes part in no
+        step: the lowest live process kills its waiting processes instead.
         """
         self._check_index(index)
-        if jax.process_index() in self._membership.processes_of(index):
+        processes = self._membership.processes_of(index)
+        if not self._membership.live & set(processes):
+            if jax.process_index() == min(self._membership.live):
+                self._kill_waiting(processes, down_for_s)
+        elif jax.process_index() in processes:
             self._go_down(down_for_s)
 
     def fail_process(self, index: int, position: int, *, down_for_s: float = 1e9) -> None:
@@ -72,6 +80,20 @@ class ProcessInjection:
         say_down(self._client())
         note_return(self._client(), down_for_s)
         os.kill(os.getpid(), signal.SIGKILL)
+
+    def _kill_waiting(self, processes: range, down_for_s: float) -> None:
+        """SIGKILL ``processes``, which wait to be taken in (the OS pids they asked to join with), as their
+        hardware would go; they come back after ``down_for_s``, as a killed live process does."""
+        client = self._client()
+        for process in processes:
+            os_pid = keys.noted(client, keys.join(process))
+            host = (keys.noted(client, keys.pid(process)) or " ").split(" ")[0]
+            if os_pid is None or host != socket.gethostname():
+                raise ConfigError(f"process {process} does not wait to be taken in on this host, so failure "
+                                  "injection cannot kill it; choose a slice of the mesh.")
+            note_return(client, down_for_s, process=process)
+            os.kill(int(os_pid), signal.SIGKILL)
+        note_lost(processes)
 
     def _check_index(self, index: int) -> None:
         slices = self._membership.slices

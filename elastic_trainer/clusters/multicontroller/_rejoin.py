@@ -8,15 +8,19 @@ communicators for as long as its CPU client lives (XLA's
 replacement in at a step boundary, all together: they meet it at a barrier,
 the lowest of them deletes the old backend's keys, and every process starts a
 new CPU backend; the train state then reaches the replacement from a peer
-(:func:`compile_from_peers`), with no checkpoint read.
+(:func:`compile_from_peers`), with no checkpoint read. A spare process
+(``cluster.spare_slices``) is taken in the same way: it waits as a replacement
+waits, from the job's start (docs/multiprocess.md, "Spare processes").
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 import signal
+import socket
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -108,29 +112,35 @@ def restart_backends(client, admission: Admission, *, platform: PlatformLayer, t
 
 
 def wait_to_be_admitted(client, key: str, *, timeout_s: float) -> Admission | str:
-    """In a replacement: wait until the live processes take it in (their :class:`Admission` under ``key``); when
-    they do not, why, in words."""
+    """In a replacement or a spare: wait until the live processes take it in (their :class:`Admission` under
+    ``key``); when they do not, why, in words."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         answer = keys.noted(client, key)
         if answer is not None:
             return Admission.from_json(answer)
         if keys.noted(client, keys.ENDED) is not None:
-            return "the job ended before taking it back in"
+            return "the job ended before taking it in"
         time.sleep(0.2)
     return (f"the strategy did not take its slice back within cluster.initialization_timeout_s={timeout_s:g} "
             "(scale_down takes slices back with strategy.scale_up=true)")
 
 
-def note_return(client, down_for_s: float, *, back_at: float | None = None) -> None:
-    """Before this process is taken down for ``down_for_s`` (or until ``back_at``, a ``time.time()``): tell the
-    launcher when to start its replacement, and the others when to expect it
+def note_pid(client) -> None:
+    """Note ``"<host> <OS pid>"`` of this process under its process id (:func:`keys.pid`)."""
+    client.key_value_set(keys.pid(own_process_id()), f"{socket.gethostname()} {os.getpid()}", allow_overwrite=True)
+
+
+def note_return(client, down_for_s: float, *, back_at: float | None = None, process: int | None = None) -> None:
+    """Before this process (or ``process``) is taken down for ``down_for_s`` (or until ``back_at``, a
+    ``time.time()``): tell the launcher when to start its replacement, and the others when to expect it
     (:meth:`Rejoin.lost_slices_return`)."""
     directory = os.environ.get(RETURNS_DIR_ENV)
+    process = own_process_id() if process is None else process
     if directory is not None:
         back_at = repr(time.time() + down_for_s if back_at is None else back_at)
-        Path(directory, f"process{own_process_id()}.returns_at").write_text(back_at)
-        client.key_value_set(keys.returns(own_process_id()), back_at, allow_overwrite=True)
+        Path(directory, f"process{process}.returns_at").write_text(back_at)
+        client.key_value_set(keys.returns(process), back_at, allow_overwrite=True)
 
 
 def say_down(client) -> None:
@@ -199,19 +209,20 @@ def donor_of(slices: Sequence[int], returning: Sequence[int]) -> int:
 
 @final
 class Rejoin:
-    """The rejoin of :class:`MultiprocessCluster`: a replacement asks to join, the live processes agree on it at
-    the end of a step (:meth:`Membership.agree`), and the trainer takes it in at the next step boundary
-    (:meth:`take_in`).
+    """The rejoin of :class:`MultiprocessCluster`: a replacement (or a spare) asks to join, the live processes
+    agree on it at the end of a step (:meth:`Membership.agree`), and the trainer takes it in at the next step
+    boundary (:meth:`take_in`).
 
     :param membership: who is in the job.
     :param client: returns the coordination service's client.
     :param initialization_timeout_s: how long a replacement waits to be taken in.
     :param barrier_timeout_s: how long the processes wait for each other at an admission's barriers.
     :param platform_layer: what restarts the backend at a rejoin (the cluster's ``cluster.platform``).
+    :param keeps_spares: the job keeps spare slices: a replacement waits as long as the job runs, a spare now.
     """
 
     def __init__(self, membership: Membership, *, client: Callable, initialization_timeout_s: float,
-                 barrier_timeout_s: float, platform_layer: PlatformLayer):
+                 barrier_timeout_s: float, platform_layer: PlatformLayer, keeps_spares: bool = False):
         self.admission: Admission | None = None
         """In a replacement: how the live processes took it in (once :meth:`ask_to_join` returned); else ``None``."""
         self._membership = membership
@@ -219,21 +230,34 @@ class Rejoin:
         self._initialization_timeout_s = initialization_timeout_s
         self._barrier_timeout_s = barrier_timeout_s
         self._platform_layer = platform_layer
+        self._keeps_spares = keeps_spares
         self._rounds = 0  # admissions so far
 
     def ask_to_join(self) -> bool:
         """In a process that starts: if this process id ran in the job before (its ``pid`` note is there), it is a
-        replacement: ask the live processes to take it in, and wait for them; ``False`` for a first start.
+        replacement; if it is a spare's, a spare. Either asks the live processes to take it in and waits for them;
+        ``False`` for a first start in the mesh.
 
-        Called before this process starts its backend, which it starts together with theirs.
+        A replacement asks before it starts its backend, which it starts
+        together with theirs. A spare starts its backend with every other
+        process first (the job's first backend counts it), then waits for as
+        long as the job runs.
         """
         client, process, me = self._client(), own_process_id(), str(os.getpid())
-        if keys.noted(client, keys.pid(process)) is None:
+        spare = process not in self._membership.live and keys.noted(client, keys.pid(process)) is None
+        if spare:
+            jax.devices()  # the job's first backend, started together
+            note_pid(client)
+        elif keys.noted(client, keys.pid(process)) is None:
             return False
         client.key_value_set(keys.join(process), me, allow_overwrite=True)
-        admission = wait_to_be_admitted(client, keys.admitted(process, me), timeout_s=self._initialization_timeout_s)
+        admission = wait_to_be_admitted(client, keys.admitted(process, me),
+                                        timeout_s=math.inf if self._keeps_spares else self._initialization_timeout_s)
         if isinstance(admission, str):  # it ends, and the launcher does not take that for the job's end
             client.key_value_delete(keys.join(process))
+            if spare:
+                print(f"elastic_trainer: spare process {process} was not needed: {admission}.", file=sys.stderr)
+                raise SystemExit(0)
             raise SystemExit(f"elastic_trainer: process {process} came back, but {admission}; it ends.")
         if not restart_backends(client, admission, platform=self._platform_layer, timeout_s=self._barrier_timeout_s):
             raise SystemExit(f"elastic_trainer: process {process} came back, but not every process came to take it "
