@@ -50,7 +50,7 @@ from ._protocols import (
     restarts_process as restarts_process,
 )
 from ._state import TrainState as TrainState, init_train_state as init_train_state
-from ._strategy import AbstractStrategy as AbstractStrategy
+from ._strategy import AbstractStrategy as AbstractStrategy, one_slice_lost as one_slice_lost
 from ._trainer import FitResult as FitResult, Trainer as Trainer
 from .hookspecs import hookimpl as hookimpl, hookspec as hookspec
 from ._grain import GrainDataset as GrainDataset

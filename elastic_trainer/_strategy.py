@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import abc
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, ClassVar
 
 if TYPE_CHECKING:
@@ -13,6 +14,12 @@ if TYPE_CHECKING:
 DEFAULT_MAX_RESTARTS = 10
 """How many new worker processes the command may start for a strategy's restarts when the strategy does not say
 (its ``max_restarts``)."""
+
+
+def one_slice_lost(slices: Sequence[int]) -> list[list[int]]:
+    """Every layout of ``slices`` with one of them lost: where the next failure takes a run, for a strategy's
+    ``et_likely_layouts`` (the trainer fills each lost place with a spare, where the cluster keeps one)."""
+    return [[s for s in slices if s != lost] for lost in slices]
 
 
 class AbstractStrategy(abc.ABC):

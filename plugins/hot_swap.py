@@ -8,7 +8,7 @@ import elastic_trainer as et
 
 
 class HotSwap(et.AbstractStrategy):
-    """Go on at once with a spare in each lost slice's place (``cluster.spare_slices``): the same slices count,
+    """Go on at once with a spare in each lost slice's place (``cluster.spare_slices``): the same slice count,
     global batch and per-device batch, the state from a surviving replica, no step lost.
 
     With no spare left the plan needs more slices than are healthy, so
@@ -52,4 +52,4 @@ class HotSwap(et.AbstractStrategy):
         the run."""
         if not self.compile_ahead:
             return []
-        return [[s for s in trainer.slices if s != lost] for lost in trainer.slices]
+        return et.one_slice_lost(trainer.slices)

@@ -114,7 +114,7 @@ class ScaleDown(et.AbstractStrategy):
         """Every layout with one slice fewer: where the next failure will take the run."""
         if not self.compile_ahead or len(trainer.slices) <= self.min_slice_count:
             return []
-        return [[s for s in trainer.slices if s != lost] for lost in trainer.slices]
+        return et.one_slice_lost(trainer.slices)
 
     @et.hookimpl
     def et_step_end(self, step: int) -> None:
