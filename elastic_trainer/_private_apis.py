@@ -136,10 +136,14 @@ ORBAX_NUMPY_METADATA_KEY = PrivateApi(
     "orbax.checkpoint:type_handlers.NumpyHandler", "the metadata key a numpy handler writes under",
     instance_attributes=("_metadata_key",),
 )
+ORBAX_WAIT_FOR_WRITES = PrivateApi(
+    "orbax.checkpoint:CheckpointManager._wait_for_checkpointers",
+    "ending a failed save's background writes before its temporary folder is removed", parameters=("self",),
+)
 
 PRIVATE_APIS = (DISTRIBUTED_STATE, CLUSTER_DETECTION, COORDINATION_SERVICE, COORDINATION_CLIENT, BACKENDS_STARTED,
                 LIVE_DEVICES_CACHE, ORBAX_BARRIER_TIMEOUT, ORBAX_WRITE_SPEC, ORBAX_OCDBT_SUBDIR, ORBAX_NUMPY_SERIALIZE,
-                ORBAX_NUMPY_WRITE, ORBAX_NUMPY_METADATA_KEY)
+                ORBAX_NUMPY_WRITE, ORBAX_NUMPY_METADATA_KEY, ORBAX_WAIT_FOR_WRITES)
 """Every private API of this module, for :func:`check_all`."""
 
 
@@ -222,6 +226,23 @@ def bound_orbax_barriers(timeout_s: int) -> None:
     """
     module, _, name = ORBAX_BARRIER_TIMEOUT.path.partition(":")
     setattr(importlib.import_module(module), name, timeout_s)
+
+
+def end_background_writes(manager: ocp.CheckpointManager) -> None:
+    """Wait until the background writes of ``manager``'s last save have ended, whatever they end with.
+
+    Orbax's ``wait_until_finished`` raises at the first failure of a save's
+    finalization, and when that is its step metadata (written first) the
+    save's own background thread is left running: its array and JSON writes
+    would still be under way while the failed save's temporary folder is
+    removed (failing then with ENOENT), and the next save would raise their
+    error as its own before it wrote anything. Called once that failure is
+    known, this joins the thread; its error is the same save's and is dropped.
+    """
+    try:
+        ORBAX_WAIT_FOR_WRITES.resolve()(manager)
+    except Exception:  # the failure of a save already known to have failed
+        pass
 
 
 class PrimaryNumpyHandler(ocp.type_handlers.NumpyHandler):

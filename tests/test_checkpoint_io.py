@@ -4,10 +4,13 @@ import errno
 import os
 import subprocess
 import sys
+import threading
 
+import orbax.checkpoint as ocp
 import pytest
 
 import elastic_trainer as et
+from elastic_trainer.checkpoints import _failed_writes
 
 TINY_CLI = ["model.d_model=32", "model.num_heads=2", "model.num_layers=1", "data.max_bytes=200000"]
 
@@ -102,6 +105,37 @@ def test_max_failed_saves_in_a_row_stop_the_run_naming_the_step_and_cause(tiny_t
     # committed, and never restored from
     assert set(on_disk(checkpoints)) - {"4.orbax-checkpoint-tmp", "6.orbax-checkpoint-tmp"} == {"2"}
     assert et.Checkpointer(checkpoints).steps_newest_first() == [2]
+
+
+def test_a_failed_saves_background_writes_end_before_the_next_save(tiny_trainer_kwargs, small_disk, monkeypatch):
+    # Orbax's wait raises at a save's failed step metadata while the save's own thread still writes; here its JSON
+    # write waits (1 s at most) for the failed save's folder to be removed. Were that thread not joined first, the
+    # next save would raise the thread's error as its own before writing anything (seen once in a clean-clone CI
+    # run, with ENOENT from a write into the removed folder): step 6's save would never be tried.
+    removed, json_writes = threading.Event(), []
+    remove_temporary, write_json = _failed_writes.remove_temporary, ocp.JsonCheckpointHandler._save_fn
+
+    def noting_removal(directory, steps):
+        remove_temporary(directory, steps)
+        removed.set()
+
+    async def after_removal(handler, item, directory):
+        json_writes.append(ocp.path.step.step_from_checkpoint_name(directory.parent.name))
+        removed.wait(timeout=1)
+        await write_json(handler, item, directory)
+
+    monkeypatch.setattr(_failed_writes, "remove_temporary", noting_removal)
+    monkeypatch.setattr(ocp.JsonCheckpointHandler, "_save_fn", after_removal)
+    checkpoints = small_disk / "checkpoints"
+    trainer = et.Trainer(**tiny_trainer_kwargs(
+        steps=6, checkpointer=et.Checkpointer(checkpoints, period=2, max_to_keep=10),
+        plugins=[DiskSpace(small_disk, fill_after=3)],
+    ))
+    with pytest.warns(et.CheckpointWarning):
+        report = trainer.fit().report
+    assert json_writes == [2, 4, 6]
+    assert [(f["step"], f["cause"]) for f in report["checkpoint_failures"]] == [
+        (4, "ENOSPC: No space left on device"), (6, "ENOSPC: No space left on device")]
 
 
 def test_the_command_line_stops_with_one_sentence_and_no_traceback_when_the_disk_stays_full(tmp_path):

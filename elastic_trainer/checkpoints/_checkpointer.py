@@ -19,6 +19,7 @@ from orbax.checkpoint.checkpoint_managers import (AnySavePolicy, DecisionContext
                                                   SpecificStepsPolicy)
 from jaxtyping import PyTree
 
+from .._private_apis import end_background_writes
 from ._failed_writes import FailedSaves, SaveEnded, log_closed_loop_noise, move_aside
 from ._checksums import CHECKSUMS_KEY, checksums, compile_checksums, verify_checksums
 from .._failures import ConfigError
@@ -373,6 +374,7 @@ class Checkpointer:
         except Exception as error:
             if step is None:
                 raise
+            end_background_writes(self.manager)
             return self._failed_saves.add(step, error, primary=self._primary())
         self._failed_saves.remove_leftovers(primary=self._primary())
         return None if step is None else SaveEnded(step, time.time())
