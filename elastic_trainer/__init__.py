@@ -19,6 +19,7 @@ from .clusters import (
     SimulatedCluster as SimulatedCluster,
     has_spares as has_spares,
     mesh_slice_count as mesh_slice_count,
+    vital_slices as vital_slices,
 )
 from ._elastic_retry import ElasticRun as ElasticRun, elastic_retry as elastic_retry
 from ._data import AbstractDataset as AbstractDataset, StdlibText as StdlibText, sample_ids as sample_ids

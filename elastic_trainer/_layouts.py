@@ -11,7 +11,7 @@ from typing import Any
 import jax
 from jax.sharding import Mesh
 
-from .clusters import has_spares, mesh_slice_count, release as release_slices, returning_slices
+from .clusters import has_spares, mesh_slice_count, release as release_slices, returning_slices, vital_slices
 from ._failures import ConfigError, PluginError, RecoveryPlan
 from ._mesh import DEVICE_AXIS, SLICE_AXIS, keep_slices
 from ._records import Layout, LoopState, ResizeRecord, RunContext
@@ -110,7 +110,9 @@ class Layouts:
         compiles one at a time in this order and only while it has room
         (``trainer.max_cached_layouts``), so at N slices at most that many of
         the N "one slice fewer" layouts are compiled ahead: a bounded cost at
-        any N (docs/architecture.md, "Compiles"). A spare fills each lost
+        any N (docs/architecture.md, "Compiles"). None lacks a slice whose
+        loss ends the job (:func:`vital_slices`): it is never trained,
+        and JAX caches no program that process 0 is not in. A spare fills each lost
         slice's place (:func:`with_spares`). Where a new backend takes the
         spare in (a returning slice), the survivors' layout is compiled first
         (:func:`without`: the recovery's), then the one with the spare, which
@@ -123,7 +125,9 @@ class Layouts:
         spares, returning = self.spares(layout.slices), returning_slices(self._cluster)
         chosen = [with_spares([*slices, *spares], in_use=slices, limit=self.limit)
                   for layouts in self._hooks.et_likely_layouts(trainer=self._view) for slices in layouts]
-        likely = dict.fromkeys(variant for slices in chosen for variant in (without(slices, returning), slices))
+        vital = set(vital_slices(self._cluster))
+        likely = dict.fromkeys(variant for slices in chosen for variant in (without(slices, returning), slices)
+                               if vital <= set(variant))  # else never trained
         self._steps.drop_queued(keep=list(likely))
 
         def likeliest_first(slices: tuple[int, ...]) -> tuple[int, int]:

@@ -141,9 +141,8 @@ class ScaleDown(et.AbstractStrategy):
         job (``cluster.protected_slices``), and none if fewer than ``min_slice_count`` slices would be left."""
         if not self.drop_stragglers:
             return []
-        injectable = isinstance(trainer.cluster, et.AbstractInjectableCluster)
-        protected = trainer.cluster.protected_slices if injectable else ()
-        drop = sorted(s for s in trainer.stragglers if s in trainer.slices and s not in protected)
+        vital = et.vital_slices(trainer.cluster)
+        drop = sorted(s for s in trainer.stragglers if s in trainer.slices and s not in vital)
         return drop if len(trainer.slices) - len(drop) >= self.min_slice_count else []
 
 

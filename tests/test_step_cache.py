@@ -155,6 +155,20 @@ def test_a_run_again_loads_its_compiles_from_the_persistent_compilation_cache(ti
     assert finished[0] is again[0] and all(record["loaded"] for record in finished)
 
 
+class ServiceOnSlice0(et.SimulatedCluster):
+    """A simulated cluster whose slice 0, like process 0's with cluster.coordinator=process0, ends the job if lost."""
+
+    protected_slices = (0,)
+
+
+def test_no_layout_without_a_slice_whose_loss_ends_the_job_is_compiled_ahead(tiny_trainer_kwargs):
+    # it is never trained, and with the coordination service in process 0 JAX would not even cache its compile
+    trainer = et.Trainer(**tiny_trainer_kwargs(steps=2, global_batch_size=24, cluster=ServiceOnSlice0(slices=4),
+                                               strategy=ScaleDown()))
+    layouts = trainer.fit().report["compile_cache"]["layouts"]
+    assert [sorted(record["slices"]) for record in layouts if record["ahead"]] == [[0, 2, 3], [0, 1, 3], [0, 1, 2]]
+
+
 class LikelyLayouts:
     """Hooks as the trainer calls them: every "one slice fewer" layout (scale_down's answer) and plain meshes."""
 

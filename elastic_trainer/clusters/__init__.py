@@ -12,6 +12,7 @@ from ._base import (
     admission_of as admission_of,
     has_spares as has_spares,
     mesh_slice_count as mesh_slice_count,
+    vital_slices as vital_slices,
     release as release,
     returning_slices as returning_slices,
 )

@@ -198,6 +198,12 @@ def has_spares(cluster: AbstractCluster) -> bool:
     return isinstance(cluster, AbstractSpareCluster) and cluster.spare_slices > 0
 
 
+def vital_slices(cluster: AbstractCluster) -> tuple[int, ...]:
+    """The slices whose loss ends the job (``protected_slices``, where ``cluster`` is injectable): no layout
+    without them is compiled ahead and no straggler among them is dropped."""
+    return cluster.protected_slices if isinstance(cluster, AbstractInjectableCluster) else ()
+
+
 def mesh_slice_count(cluster: AbstractCluster) -> int:
     """The most slices a mesh of ``cluster`` holds: all of them but its spares."""
     return len(cluster.slice_devices()) - (cluster.spare_slices if has_spares(cluster) else 0)
@@ -209,7 +215,8 @@ class AbstractInjectableCluster(AbstractCluster):
     :meth:`surviving`)."""
 
     protected_slices: tuple[int, ...] = ()
-    """Slices that random failure injection never picks (a slice whose loss would end the job)."""
+    """Slices whose loss would end the job: random failure injection never picks them, and
+    :func:`vital_slices` names them to the layouts compiled ahead and to straggler drops."""
 
     @abc.abstractmethod
     def fail_slice(self, index: int, *, down_for_s: float) -> None:
