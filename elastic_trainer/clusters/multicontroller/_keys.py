@@ -8,6 +8,9 @@ platform's collectives keep there (gloo's rendezvous) is the platform layer's
 
 from __future__ import annotations
 
+import socket
+from typing import NamedTuple
+
 KEY_PREFIX = "elastic_trainer/"
 """Where the training processes keep their notes in the coordination service's key-value store."""
 
@@ -32,6 +35,35 @@ def noted(client, key: str) -> str | None:
 def pid(process: int) -> str:
     """``"<host> <OS pid>"`` of the process that holds id ``process`` (a replacement finds its predecessor's)."""
     return f"{KEY_PREFIX}pid/{process}"
+
+
+class NotedPid(NamedTuple):
+    """What :func:`pid` holds: the host a process runs on and its OS pid there."""
+
+    host: str
+    os_pid: int
+
+    @classmethod
+    def parse(cls, text: str) -> NotedPid:
+        """The note as :meth:`text` wrote it."""
+        host, os_pid = text.split(" ")
+        return cls(host, int(os_pid))
+
+    @property
+    def text(self) -> str:
+        """``"<host> <OS pid>"``, as the key-value store keeps it."""
+        return f"{self.host} {self.os_pid}"
+
+    @property
+    def here(self) -> bool:
+        """Whether the process runs on this host (so this process can see it end, or kill it)."""
+        return self.host == socket.gethostname()
+
+
+def noted_pid(client, process: int) -> NotedPid | None:
+    """The :func:`pid` note of ``process``, ``None`` if it noted none."""
+    text = noted(client, pid(process))
+    return None if text is None else NotedPid.parse(text)
 
 
 def dispatched(process: int) -> str:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import sys
 import time
 from collections.abc import Callable, Container
@@ -176,26 +175,26 @@ def _dead_here(client, process: int, os_pid: str | None = None) -> bool:
     ``os_pid`` names the one that runs as ``process`` when it is not the one its ``pid`` note names: a spare or
     replacement that asked to join (a replacement's note is still its predecessor's, on the same host).
     """
-    host, noted_pid = (keys.noted(client, keys.pid(process)) or " ").split(" ")
-    if host != socket.gethostname():
+    noted = keys.noted_pid(client, process)
+    if noted is None or not noted.here:
         return False
     try:
-        return psutil.Process(int(os_pid or noted_pid)).status() in (psutil.STATUS_ZOMBIE, psutil.STATUS_DEAD)
+        return psutil.Process(int(os_pid or noted.os_pid)).status() in (psutil.STATUS_ZOMBIE, psutil.STATUS_DEAD)
     except psutil.NoSuchProcess:
         return True
 
 
 def _kill_if_stuck(client, process: int) -> None:
     """SIGKILL ``process`` if it lives on this host and is not dead already, and note that it was stuck."""
-    host, pid = client.blocking_key_value_get(keys.pid(process), 1000).split()
-    if host != socket.gethostname():
-        print(f"elastic_trainer: process {process} on {host} did not reach the step; waiting until it is "
+    noted = keys.NotedPid.parse(client.blocking_key_value_get(keys.pid(process), 1000))
+    if not noted.here:
+        print(f"elastic_trainer: process {process} on {noted.host} did not reach the step; waiting until it is "
               "known dead (a stuck process on another host must be killed by the scheduler)", file=sys.stderr)
         return
     if _dead_here(client, process):
         return  # dead already, not stuck
     try:
-        os.kill(int(pid), signal.SIGKILL)
+        os.kill(noted.os_pid, signal.SIGKILL)
         client.key_value_set(keys.stuck(process), "killed", allow_overwrite=True)
     except ProcessLookupError:
         pass  # died meanwhile, not stuck

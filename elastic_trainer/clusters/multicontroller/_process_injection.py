@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import time
 from collections.abc import Callable
 from typing import final
@@ -87,8 +86,8 @@ class ProcessInjection:
         client = self._client()
         for process in processes:
             os_pid = keys.noted(client, keys.join(process))
-            host = (keys.noted(client, keys.pid(process)) or " ").split(" ")[0]
-            if os_pid is None or host != socket.gethostname():
+            noted = keys.noted_pid(client, process)
+            if os_pid is None or noted is None or not noted.here:
                 raise ConfigError(f"process {process} does not wait to be taken in on this host, so failure "
                                   "injection cannot kill it; choose a slice of the mesh.")
             note_return(client, down_for_s, process=process)

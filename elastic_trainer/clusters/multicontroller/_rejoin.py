@@ -128,7 +128,8 @@ def wait_to_be_admitted(client, key: str, *, timeout_s: float) -> Admission | st
 
 def note_pid(client) -> None:
     """Note ``"<host> <OS pid>"`` of this process under its process id (:func:`keys.pid`)."""
-    client.key_value_set(keys.pid(own_process_id()), f"{socket.gethostname()} {os.getpid()}", allow_overwrite=True)
+    client.key_value_set(keys.pid(own_process_id()), keys.NotedPid(socket.gethostname(), os.getpid()).text,
+                         allow_overwrite=True)
 
 
 def note_return(client, down_for_s: float, *, back_at: float | None = None, process: int | None = None) -> None:
