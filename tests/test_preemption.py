@@ -141,6 +141,16 @@ def test_stop_signals_and_their_exit_statuses():
         one_sentence(str(error.value))
 
 
+@pytest.mark.parametrize(("codes", "trained", "status"), [
+    ([143, 143, 0], [0, 1], 143),  # preempted with a spare never taken in, which ended 0 ("not needed")
+    ([1, 1, 0], [0, 1], 1),  # stopped for a reason of the job's, the same spare
+    ([-signal.SIGKILL, 0, 0], [0, 1, 2], 0),  # process 0 lost, the spare took its place and finished
+    ([0, 1], [0, 1], 0),  # a lost slice's partner left the job (1), the other finished
+])
+def test_the_job_status_comes_from_the_processes_that_trained(codes, trained, status):
+    assert launcher_status(codes, trained=trained) == status
+
+
 @pytest.mark.parametrize("codes", [[-signal.SIGTERM, 3], [3, -signal.SIGTERM], [143, 3]])
 def test_a_job_stopped_by_a_signal_ends_with_its_status_whatever_its_processes_said(tmp_path, codes):
     # A SIGTERM that reaches one process while it still starts (before it handles signals) kills it; the other
@@ -150,7 +160,7 @@ def test_a_job_stopped_by_a_signal_ends_with_its_status_whatever_its_processes_s
     def run_attempt(overrides, attempt, stop):
         attempts.append(attempt)
         os.kill(os.getpid(), signal.SIGTERM)  # the stop request's handler notes it
-        return launcher_status(codes), False
+        return launcher_status(codes, trained=range(len(codes))), False
 
     status = restart_until_done(
         run_attempt, overrides=[], run_dir=tmp_path, max_restarts=3, started_at=time.time(),

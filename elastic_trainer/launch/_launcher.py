@@ -71,7 +71,7 @@ def launch(
             return next((c for c in codes if c), 3), False  # no process got to train (bad input): they said why
         for i in range(num_processes):
             _keep_attempt(run_dir / f"process{i}", attempt, into=run_dir if i == survivor else None)
-        return _job_status(codes), True
+        return _job_status(codes, trained=reported), True
 
     return restart_until_done(
         run_attempt, overrides=overrides, run_dir=run_dir, max_restarts=max_restarts, started_at=started_at,
@@ -172,11 +172,13 @@ def _say_who_ended(codes: list[int | None], seen: list[int | None], *, run_dir: 
               f"{output}", file=sys.stderr, flush=True)
 
 
-def _job_status(codes: list[int]) -> int:
-    """The job's status from its processes': a restart if any asked for one, else the best of those that ended by themselves."""
+def _job_status(codes: list[int], *, trained: Sequence[int]) -> int:
+    """The job's status from its processes': a restart if any asked for one, else the best of those of
+    ``trained`` (the processes that trained: a spare never taken in ends 0 whatever the job did, and says
+    nothing of it) that ended by themselves."""
     if RESTART_EXIT_CODE in codes:
         return RESTART_EXIT_CODE
-    ended = [c for c in codes if c >= 0]
+    ended = [codes[i] for i in trained if codes[i] >= 0]
     return min(ended) if ended else 3
 
 
