@@ -1,4 +1,5 @@
-"""Shared fixtures: 8 CPU devices, no entry-point autoloading, a tiny workload, one compilation cache."""
+"""Shared fixtures: 8 CPU devices, no entry-point autoloading, a tiny workload, one compilation cache, code
+generated at -O0."""
 
 import os
 import shutil
@@ -8,10 +9,26 @@ os.environ["ELASTIC_TRAINER_DISABLE_PLUGIN_AUTOLOAD"] = "1"
 
 # JAX's persistent compilation cache for the whole session, this process and every process a test starts
 # (JAX reads these variables when it starts): the tests compile the same few steps of a tiny model over and
-# over, as a user's runs do with trainer.compilation_cache_dir, and compile time is not what they test.
-COMPILATION_CACHE = tempfile.mkdtemp(prefix="elastic_trainer_tests_jax_cache_")
+# over, as a user's runs do with trainer.compilation_cache_dir, and compile time is not what they test. One
+# cache for every pytest-xdist worker: the controller makes it, the workers it starts inherit its environment
+# (a cache per worker compiled most programs twice).
+SESSION_CACHE_ENV = "ELASTIC_TRAINER_TESTS_JAX_CACHE"
+IS_CONTROLLER = SESSION_CACHE_ENV not in os.environ
+if IS_CONTROLLER:
+    os.environ[SESSION_CACHE_ENV] = tempfile.mkdtemp(prefix="elastic_trainer_tests_jax_cache_")
+COMPILATION_CACHE = os.environ[SESSION_CACHE_ENV]
 os.environ["JAX_COMPILATION_CACHE_DIR"] = COMPILATION_CACHE
 os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
+
+# XLA:CPU generates the tests' code at LLVM's -O0, here and in every process a test starts: the tests check what
+# the package does with the programs (same HLO, same meshes, same order of operations), not how fast XLA's code
+# runs, and a process other than 0 of a multi-process job compiles every program anew each run (JAX writes the
+# persistent cache from process 0 only, and on CPU its key holds each process's own topology fingerprint:
+# jax/_src/cache_key.py, _hash_accelerator_config). Measured on 2 cores: the default suite took 762 user CPU-s and
+# 7 min 39 s at XLA's default level, 671 CPU-s and 6 min 49 s at -O0. Benchmarks keep the default.
+O0 = "--xla_backend_optimization_level=0"
+if O0 not in os.environ.get("XLA_FLAGS", ""):
+    os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {O0}".strip()
 
 import jax  # noqa: E402
 
@@ -57,5 +74,6 @@ def tiny_trainer_kwargs():
 
 
 def pytest_sessionfinish(session, exitstatus):
-    """Remove the session's compilation cache."""
-    shutil.rmtree(COMPILATION_CACHE, ignore_errors=True)
+    """Remove the session's compilation cache, once every worker is done with it."""
+    if IS_CONTROLLER:
+        shutil.rmtree(COMPILATION_CACHE, ignore_errors=True)
