@@ -1,3 +1,6 @@
+import subprocess
+import sys
+
 import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
@@ -49,3 +52,15 @@ def test_a_replica_spreads_onto_a_spares_devices_keeping_the_survivors_buffers()
             assert shard.data.unsafe_buffer_pointer() == kept[shard.device], "a survivor's shard was copied"
         assert (shard.data == state["w"][shard.index]).all()
     assert (jax.random.key_data(spread_out["key"]) == jax.random.key_data(state["key"])).all()
+
+
+def test_a_smaller_simulated_cluster_leaves_jax_the_devices_already_asked_for():
+    # A process that asked for 8 devices, whose first cluster is one of 6: JAX starts with 8, so a cluster of 8 built
+    # later in the same process still fits (a test's failure-free reference run of 3 processes of 2 devices once
+    # started a pytest worker's JAX with 6, and the next test's 8-slice reference could not run)
+    script = ("import jax; jax.config.update('jax_num_cpu_devices', 8); import elastic_trainer as et; "
+              "et.SimulatedCluster(slices=3, devices_per_slice=2).configure_jax(); "
+              "et.SimulatedCluster(slices=8, devices_per_slice=1).configure_jax(); print(len(jax.devices()))")
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["8"]

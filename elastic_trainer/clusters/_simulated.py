@@ -57,10 +57,11 @@ class SimulatedCluster(AbstractInjectableCluster, AbstractSpareCluster, Abstract
         return self._all_slices * self.devices_per_slice
 
     def configure_jax(self) -> None:
-        """Ask JAX for enough CPU devices, or check that it already has them."""
+        """Ask JAX for enough CPU devices (never fewer than were asked for already), or check that it already has
+        them."""
         try:
             jax.config.update("jax_platforms", "cpu")
-            jax.config.update("jax_num_cpu_devices", self.num_devices)
+            jax.config.update("jax_num_cpu_devices", max(self.num_devices, jax.config.jax_num_cpu_devices))
         except RuntimeError:
             pass  # the backend is already up; _cpu_devices checks it has enough
         self._cpu_devices()
