@@ -101,9 +101,12 @@ def test_scale_down_drops_a_slow_process_found_a_straggler_and_goes_on_without_i
     report = report_of(run_dir)
     assert report["steps_completed"] == 12 and [f for f in report["failures"] if f["slices"]] == []
     [straggler] = report["stragglers"]
-    assert (straggler["slice"], straggler["slow_since_step"], straggler["detected_at_step"]) == (1, 2, 4)
+    # which step is first seen slow depends on how busy the cores are (step 3 in one CI run, beside another test's
+    # processes), never before the slowing began
+    assert straggler["slice"] == 1 and straggler["slow_since_step"] >= 2
     assert straggler["ratio"] > 2 and straggler["recovered_at_step"] is None
-    assert [(r["step"], r["reason"], r["slices"]) for r in report["resizes"]] == [(4, "dropped", [0])]
+    detected = straggler["detected_at_step"]
+    assert [(r["step"], r["reason"], r["slices"]) for r in report["resizes"]] == [(detected, "dropped", [0])]
     assert report["samples"] == {"consumed": 12 * 48, "duplicated": 0, "skipped": 0}
     (attempt,) = report["process_exits"]
     # it left as a lost slice's live processes leave; its replacement waited to be wanted back (after
