@@ -5,6 +5,7 @@ import os
 import subprocess
 import sys
 import threading
+import time
 
 import orbax.checkpoint as ocp
 import pytest
@@ -43,7 +44,8 @@ def fill(disk):
 
 
 class DiskSpace:
-    """Fills the disk after step ``fill_after`` (once the save in flight committed) and frees it after ``free_after``."""
+    """Fills the disk after step ``fill_after`` (once the save in flight committed) and frees it after ``free_after``
+    (once the save in flight ended)."""
 
     def __init__(self, disk, *, fill_after, free_after=None):
         self.disk, self.fill_after, self.free_after = disk, fill_after, free_after
@@ -54,6 +56,10 @@ class DiskSpace:
             trainer.checkpointer.manager.wait_until_finished()
             fill(self.disk)
         if step == self.free_after:
+            # the save in flight must meet the full disk: on busy cores its background writes can start later
+            # than this step's end (a save of step 6 once committed whole once the disk was freed after step 7)
+            while trainer.checkpointer.manager.is_saving_in_progress():
+                time.sleep(0.01)
             (self.disk / "filler").unlink()
 
 
