@@ -97,7 +97,8 @@ def _commit(trainer: Trainer, state: LoopState, done: StepResult, *, interrupted
     ctx.history.commit(step, done.ids, done.metrics["loss"])
     finish_recovery(ctx, state.pending)
     ctx.history.note_first_step(ctx.clock)
-    save_due = ctx.checkpoints is not None and ctx.checkpoints.checkpointer.due(step + 1, last_step=trainer.steps)
+    save_due = (ctx.checkpoints is not None
+                and ctx.checkpoints.checkpointer.schedule.due(step + 1, last_step=trainer.steps))
     committed = LoopState(done.arrays, layout, step=step + 1, position=state.position + layout.batch_size,
                           incarnations=state.incarnations, save_due=save_due, at_boundary=not save_due)
     trainer.hook.et_step_end(trainer=trainer, step=step + 1, metrics=done.metrics)
@@ -168,7 +169,7 @@ class Trainer:
     :param plugin_manager: use this manager instead of building one.
     :param strategy: the recovery strategy, a plugin implementing
         ``et_choose_recovery``; with none, a failure stops training.
-    :param checkpointer: saves the state every ``checkpointer.period`` steps and
+    :param checkpointer: saves the state every ``checkpointer.schedule.period`` steps and
         at the end; no checkpoints if ``None``.
     :param resume: continue from the checkpointer's latest complete checkpoint
         (an error if there is none).

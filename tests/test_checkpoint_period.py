@@ -46,10 +46,10 @@ def test_the_steps_to_save_are_orbaxs_save_decision_a_period_and_the_last_step(t
     from orbax.checkpoint.checkpoint_managers import SaveDecisionPolicy
 
     fixed = et.Checkpointer(tmp_path / "fixed", period=10)
-    assert isinstance(fixed.save_policy, SaveDecisionPolicy)
-    assert [s for s in range(1, 31) if fixed.due(s, last_step=25)] == [10, 20, 25, 30]
+    assert isinstance(fixed.schedule.policy, SaveDecisionPolicy)
+    assert [s for s in range(1, 31) if fixed.schedule.due(s, last_step=25)] == [10, 20, 25, 30]
     auto = et.Checkpointer(tmp_path / "auto", period="auto", mtbf_s=100)
-    assert isinstance(auto.save_policy, SaveDecisionPolicy)
-    assert auto.due(1)  # the first save measures what a save costs
-    auto.saved(1, blocked_s=0.5, step_times_s=[1.0], elapsed_s=10, failures=0)  # sqrt(2 x 0.5 x 100) = 10 steps
-    assert [s for s in range(2, 16) if auto.due(s, last_step=15)] == [11, 12, 13, 14, 15]
+    assert isinstance(auto.schedule.policy, SaveDecisionPolicy)
+    assert auto.schedule.due(1)  # the first save measures what a save costs
+    auto.schedule.saved(1, blocked_s=0.5, step_times_s=[1.0], elapsed_s=10, failures=0)  # sqrt(2 x 0.5 x 100) = 10 steps
+    assert [s for s in range(2, 16) if auto.schedule.due(s, last_step=15)] == [11, 12, 13, 14, 15]

@@ -22,6 +22,7 @@ def test_every_method_named_in_the_path_exists_on_its_class():
     assert len(named) > 10
     classes = {name: obj for module in (et, _recovery, importlib.import_module("elastic_trainer._layouts"),
                                         importlib.import_module("elastic_trainer.checkpoints._run_checkpoints"),
+                                        importlib.import_module("elastic_trainer.checkpoints._save_schedule"),
                                         importlib.import_module("elastic_trainer._step_runner"),
                                         importlib.import_module("elastic_trainer._compiled_step"))
                for name, obj in vars(module).items() if inspect.isclass(obj)}

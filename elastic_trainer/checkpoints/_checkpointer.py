@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import dataclasses
-import datetime
 import os
 import time
 from collections.abc import Collection, Iterator
@@ -15,8 +13,6 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 from jax.experimental import multihost_utils
-from orbax.checkpoint.checkpoint_managers import (AnySavePolicy, DecisionContext, FixedIntervalPolicy,
-                                                  SpecificStepsPolicy)
 from jaxtyping import PyTree
 
 from .._private_apis import end_background_writes
@@ -25,7 +21,7 @@ from ._checksums import CHECKSUMS_KEY, checksums, compile_checksums, verify_chec
 from .._failures import ConfigError
 from ._group_barrier import GroupBarrier, hide_given_up_saves
 from ..clusters.multicontroller._rejoin import Admission
-from ._young_daly import YoungDalyPolicy
+from ._save_schedule import SaveSchedule
 from ._orbax_handler import state_handler
 from ..config._settings import check_checkpoint_settings
 
@@ -65,27 +61,12 @@ def orbax_manager(
     )
 
 
-@dataclasses.dataclass(frozen=True)
-class _StepInfo:
-    """A step as Orbax's save decision policies see it (their ``PolicyCheckpointInfo``)."""
-
-    step: int
-    time: datetime.datetime
-    metrics: dict[str, Any] | None = None
-
-
-_DECISION_CONTEXT = DecisionContext(
-    is_saving_in_progress=False, reached_preemption=False, multiprocessing_options=ocp.options.MultiprocessingOptions())
-"""What the policies that decide the saves are told beside the step: the ones used here read none of it."""
-
-
 class Checkpointer:
     """Saves and restores a train state's arrays, plus JSON metadata, with Orbax.
 
-    Orbax's save decision policies choose the steps to save (:meth:`due`): a
-    multiple of ``period``, and the run's last. With ``period="auto"`` the
-    steps between saves follow the Young/Daly rule (:class:`YoungDalyPolicy`),
-    re-chosen after every save from its measured cost. Saves are asynchronous by
+    Orbax's save decision policies choose the steps to save (:attr:`schedule`):
+    a multiple of ``period`` (or by the Young/Daly rule), and the run's last.
+    Saves are asynchronous by
     default: the step loop waits only while the arrays are copied off the
     devices, and Orbax commits the files in the background. A restore targets
     abstract arrays with the current shardings, so a checkpoint loads onto
@@ -140,9 +121,8 @@ class Checkpointer:
                                   max_failed_saves=max_failed_saves)
         self.directory = Path(directory).absolute()
         _check_directory(self.directory)
-        self.period = period
-        self.save_policy = YoungDalyPolicy(mtbf_s) if period == "auto" else FixedIntervalPolicy(period)
-        """Which steps to save (an Orbax policy): every ``period`` steps, or by the Young/Daly rule."""
+        self.schedule = SaveSchedule(period, mtbf_s)
+        """Which steps to save (:meth:`SaveSchedule.due`), re-planned after each save (:meth:`SaveSchedule.saved`)."""
         self._unreadable: set[int] = set()
         self._max_to_keep = max_to_keep
         self._async_save = async_save
@@ -223,25 +203,9 @@ class Checkpointer:
         """Whether this process takes part in saves (it is in the group)."""
         return jax.process_index() in self.processes
 
-    def due(self, step: int, *, last_step: int | None = None) -> bool:
-        """Whether to save step ``step``: Orbax's :attr:`save_policy`, or it is the run's ``last_step``."""
-        policy = AnySavePolicy([self.save_policy, SpecificStepsPolicy(() if last_step is None else (last_step,))])
-        return policy.should_save(_StepInfo(step, datetime.datetime.now(datetime.timezone.utc)), previous_steps=(),
-                                  context=_DECISION_CONTEXT)
-
-    def saved(self, step: int, *, blocked_s: float, step_times_s: list[float], elapsed_s: float, failures: int) -> None:
-        """Note that saving ``step`` blocked the loop ``blocked_s``; with ``period="auto"``, plan the next save."""
-        if isinstance(self.save_policy, YoungDalyPolicy):
-            self.save_policy.saved(step, save_cost_s=blocked_s, step_times_s=step_times_s, elapsed_s=elapsed_s,
-                                   failures=failures)
-
     def describe(self) -> dict[str, Any]:
         """The directory and period, for the report; an automatic period says what it chose and why."""
-        return {
-            "dir": str(self.directory),
-            "period": self.period,
-            "auto": self.save_policy.period.choice if isinstance(self.save_policy, YoungDalyPolicy) else None,
-        }
+        return {"dir": str(self.directory), **self.schedule.describe()}
 
     def prepare_save(self, arrays: PyTree) -> None:
         """Everything of a save of ``arrays`` that a process does on its own (compiling the checksums), so that

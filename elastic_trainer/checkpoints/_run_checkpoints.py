@@ -117,7 +117,7 @@ class RunCheckpoints:
         self._note(ended)
         if any(outcome.step == step and outcome.cause for outcome in ended):
             return  # this step's save failed at once: there is nothing of it to wait for
-        self.checkpointer.saved(
+        self.checkpointer.schedule.saved(
             step, blocked_s=time.time() - began, step_times_s=step_times_s,
             elapsed_s=time.time() - self._clock.started_at, failures=failures,
         )
