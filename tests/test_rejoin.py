@@ -235,7 +235,26 @@ def test_survivors_decide_whether_a_lost_slice_returns_only_once_its_live_partne
                       ("partner noted", [f"{KEY_PREFIX}left/3/1", f"{KEY_PREFIX}returns/3"])]
 
 
-def test_a_partner_that_died_before_saying_whether_it_returns_is_waited_for_no_longer_than_a_barrier(process_0):
-    client = FakeClient()  # process 3 never notes: the wait times out, and the slice is not waited for
+def test_a_partner_that_never_says_whether_it_returns_is_waited_for_no_longer_than_a_barrier(process_0):
+    client = FakeClient()  # process 3 never notes and is not known dead: the wait times out, the slice is not waited for
     client.key_value_set(f"{KEY_PREFIX}returns/2", repr(time.time() + 5))
     assert not TwoSlicesOfTwoProcesses(client).rejoin.lost_slices_return([1], within_s=60)
+
+
+def test_a_partner_that_died_before_saying_it_returns_comes_back_with_its_slice(monkeypatch, tmp_path):
+    """The order CI found: process 3 died (gloo's SIGABRT when its peer was killed) before it noted its return.
+    Every survivor still waits for the slice, due when process 2 is; the lowest one notes process 3's return for
+    it, so the launcher starts its replacement too."""
+    monkeypatch.setenv(_rejoin.RETURNS_DIR_ENV, str(tmp_path))
+    client = FakeClient()
+    back_at = time.time() + 5
+    client.key_value_set(f"{KEY_PREFIX}returns/2", repr(back_at))
+    ended = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    client.key_value_set(f"{KEY_PREFIX}pid/3", f"{socket.gethostname()} {ended.stdout.strip()}")  # dead on this host
+    for survivor in (1, 0):
+        monkeypatch.setattr(_rejoin, "own_process_id", lambda: survivor)
+        assert TwoSlicesOfTwoProcesses(client).rejoin.lost_slices_return([1], within_s=60)
+        assert (f"{KEY_PREFIX}returns/3" in client.store) == (survivor == 0)  # only the lowest writes
+    assert float(client.store[f"{KEY_PREFIX}returns/3"]) == back_at
+    assert float((tmp_path / "process3.returns_at").read_text()) == back_at
+    assert not TwoSlicesOfTwoProcesses(client).rejoin.lost_slices_return([1], within_s=1)  # due later than 1 s

@@ -122,7 +122,7 @@ class Membership:
             return
         asking = {int(key.rsplit("/", 1)[1]): pid for key, pid in self._client().key_value_dir_get(keys.JOIN)}
         asking = sorted(p for p, os_pid in asking.items()
-                        if p not in self.live and not _dead_here(self._client(), p, os_pid))
+                        if p not in self.live and not dead_here(self._client(), p, os_pid))
         if asking:
             self._client().key_value_set(keys.asks(self.agreements), json.dumps(asking))
 
@@ -162,14 +162,14 @@ def processes_behind(client, processes: set[int], dispatched: int, *, not_before
     nor by ``not_before`` (``time.monotonic``), less those known dead already (on this host), which are not waited
     for."""
     deadline = max(time.monotonic() + STUCK_GRACE_S, not_before)
-    behind = {p for p in processes if not _dead_here(client, p)}
+    behind = {p for p in processes if not dead_here(client, p)}
     while behind and time.monotonic() < deadline:
         behind -= {p for p in behind if int(keys.noted(client, keys.dispatched(p)) or 0) >= dispatched}
         time.sleep(0.05)
     return sorted(behind)
 
 
-def _dead_here(client, process: int, os_pid: str | None = None) -> bool:
+def dead_here(client, process: int, os_pid: str | None = None) -> bool:
     """Whether ``process`` ran on this host and has ended (a zombie its launcher has not reaped yet included).
 
     ``os_pid`` names the one that runs as ``process`` when it is not the one its ``pid`` note names: a spare or
@@ -191,7 +191,7 @@ def _kill_if_stuck(client, process: int) -> None:
         print(f"elastic_trainer: process {process} on {noted.host} did not reach the step; waiting until it is "
               "known dead (a stuck process on another host must be killed by the scheduler)", file=sys.stderr)
         return
-    if _dead_here(client, process):
+    if dead_here(client, process):
         return  # dead already, not stuck
     try:
         os.kill(noted.os_pid, signal.SIGKILL)

@@ -36,6 +36,7 @@ from jaxtyping import PyTree
 from ..._mesh import SLICE_AXIS
 from ..._private_apis import own_process_id
 from . import _keys as keys
+from ._membership import dead_here
 from ._platform import PlatformLayer
 
 if TYPE_CHECKING:
@@ -277,8 +278,29 @@ class Rejoin:
         dead partners (:meth:`note_own_return`): this waits until each has (:meth:`_await_partners`), so the
         answer does not depend on which process got there first."""
         self._await_partners(slices)
-        due = [keys.noted(self._client(), keys.returns(p)) for s in slices for p in self._membership.processes_of(s)]
-        return None not in due and max(map(float, due), default=0) <= time.time() + within_s
+        due = [self._slice_due_back(s) for s in slices]
+        return None not in due and max(due, default=0) <= time.time() + within_s
+
+    def _slice_due_back(self, slice_index: int) -> float | None:
+        """When every process of lost slice ``slice_index`` is due back (``time.time()``); ``None`` if one is not
+        known to come back.
+
+        A process of the slice that died before it could say so (a partner
+        whose collectives aborted when its peer was killed: gloo's SIGABRT)
+        comes back with its slice, as it would have said (:meth:`note_own_return`):
+        the lowest live process notes that for it, so the launcher starts its
+        replacement too.
+        """
+        client, membership = self._client(), self._membership
+        noted = {p: keys.noted(client, keys.returns(p)) for p in membership.processes_of(slice_index)}
+        known = [float(back_at) for back_at in noted.values() if back_at is not None]
+        unsaid = [p for p, back_at in noted.items() if back_at is None]
+        if not known or any(p in membership.live and not dead_here(client, p) for p in unsaid):
+            return None
+        if own_process_id() == min(membership.live):
+            for process in unsaid:
+                note_return(client, 0, back_at=max(known), process=process)
+        return max(known)
 
     def _await_partners(self, slices: Sequence[int]) -> None:
         """Wait until every process of lost ``slices`` still live at the last agreement has said whether it comes
