@@ -51,6 +51,9 @@ from ._protocols import (
     restarts_process as restarts_process,
 )
 from ._state import TrainState as TrainState, init_train_state as init_train_state
+from ._compiled_step import CompiledStep as CompiledStep, StepMonitor as StepMonitor
+from ._step import StepFunctions as StepFunctions
+from ._training_mode import AbstractTrainingMode as AbstractTrainingMode, SynchronousMode as SynchronousMode
 from ._strategy import AbstractStrategy as AbstractStrategy, one_slice_lost as one_slice_lost
 from ._trainer import FitResult as FitResult, Trainer as Trainer
 from .hookspecs import hookimpl as hookimpl, hookspec as hookspec

@@ -1,7 +1,7 @@
 """A layout's compiled step, and how it runs: one donating program, or the gradients and then the update.
 
-Which one a layout gets is the cluster's (a split step on an :class:`AbstractMultiControllerCluster`,
-docs/architecture.md, "The step"). Both run the same way from outside: the
+Which one a layout gets is the training mode's (:class:`~elastic_trainer.SynchronousMode`: a split step on an
+:class:`AbstractMultiControllerCluster`, docs/architecture.md, "The step"). Both run the same way from outside: the
 runner (a :class:`StepMonitor`) is told when the step is launched and
 dispatched, and waits for it; a failure after the state was donated raises
 :class:`StepInterrupted`.
@@ -39,6 +39,26 @@ class StepMonitor(Protocol):
 
     def wait(self, pending: list[jax.Array], *, end: bool) -> None:
         """Wait for ``pending`` and check the cluster: after the gradients, or at the step's ``end``."""
+
+
+class CompiledStep(Protocol):
+    """A layout's compiled step, as a training mode makes it (:class:`~elastic_trainer.AbstractTrainingMode`)."""
+
+    @property
+    def executables(self) -> tuple[Any, ...]:
+        """Every program one step runs (what ``benchmarks/memory.py`` accounts)."""
+
+    def run(self, leaves: list[jax.Array], batch: PyTree, *, lr_scale: float, batch_size: int,
+            monitor: StepMonitor) -> tuple[list[jax.Array], jax.Array]:
+        """Run the step on the state's ``leaves`` and ``batch`` to its end, telling ``monitor`` as it goes; the
+        new leaves and the loss.
+
+        ``lr_scale`` multiplies the updates (a shrunk global batch's
+        learning-rate rescaling, 1 otherwise) and ``batch_size`` is the global
+        batch's. A failure before the state was taken raises as it is (the
+        leaves are whole); one after, :class:`StepInterrupted` with the new
+        leaves where the processes that live hold them, else none.
+        """
 
 
 class DeviceScalars:

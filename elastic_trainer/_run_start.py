@@ -24,7 +24,9 @@ from ._step_runner import StepRunner
 from ._stragglers import StragglerWatch
 from ._take_back import take_back
 from ._watchdog import Watchdog
-from ._failures import SpareWarning
+from ._failures import PluginError, SpareWarning
+from ._plugins import answering
+from ._training_mode import AbstractTrainingMode, SynchronousMode
 from .clusters import AbstractMultiControllerCluster, admission_of, has_spares
 
 if TYPE_CHECKING:
@@ -50,9 +52,8 @@ def start_run(trainer: Trainer, *, watchdog: Watchdog, failures: FailureLog) -> 
         sample = jax.tree.map(np.asarray, trainer.data.get_batch(np.zeros(1, dtype=np.int64)))
         functions = make_step_functions(trainer.loss_fn, trainer.optimizer, static, arrays)
         check_fits(functions, arrays, sample)
-        split = isinstance(trainer.cluster, AbstractMultiControllerCluster)  # each process runs its own part
         step_cache = StepCache(functions, arrays, sample, within_slice=trainer.within_slice,
-                               max_layouts=trainer.max_cached_layouts, split=split)
+                               max_layouts=trainer.max_cached_layouts, mode=_training_mode(trainer))
     run = RunContext(cluster=trainer.cluster, hooks=trainer.hook, plugin_manager=trainer.plugin_manager,
                      view=trainer, clock=clock, failures=failures)
     checkpoints = _run_checkpoints(trainer, run, static)
@@ -68,6 +69,20 @@ def start_run(trainer: Trainer, *, watchdog: Watchdog, failures: FailureLog) -> 
                                                  view=trainer, structure=jax.tree.structure(arrays), seed=trainer.seed),
     )
     return ctx, arrays
+
+
+def _training_mode(trainer: Trainer) -> AbstractTrainingMode:
+    """The mode a plugin chose (``et_training_mode``), else the synchronous one: split into its gradients and
+    its update where each process runs its own part of every program (a multi-controller cluster)."""
+    mode = trainer.hook.et_training_mode(trainer=trainer)
+    if mode is None:
+        return SynchronousMode(split=isinstance(trainer.cluster, AbstractMultiControllerCluster))
+    if not isinstance(mode, AbstractTrainingMode):
+        raise PluginError(
+            f"{answering(trainer.plugin_manager, 'et_training_mode')} returned {mode!r} from et_training_mode; a "
+            "plugin must return an et.AbstractTrainingMode, or None to leave the choice to the next plugin."
+        )
+    return mode
 
 
 def _run_checkpoints(trainer: Trainer, run: RunContext, static: PyTree) -> RunCheckpoints | None:

@@ -15,10 +15,10 @@ import jax
 from jax.sharding import Mesh
 from jaxtyping import PyTree
 
-from ._compiled_step import FusedStep, SplitStep, DeviceScalars
 from ._mesh import WithinSlice, batch_sharding
 from ._records import CompileRecord
-from ._step import StepFunctions, compile_gradients, compile_step, compile_update
+from ._step import StepFunctions
+from ._training_mode import AbstractTrainingMode, SynchronousMode
 
 DEFAULT_MAX_LAYOUTS = 8
 """Layouts whose compiled step is kept. On the default 4 slices, the layout in
@@ -56,9 +56,9 @@ class StepCache:
     while there is room. Each compile traces a function object of its own, so
     that JAX's caches (keyed on the function) drop the evicted executable too.
 
-    A layout's step is a :class:`FusedStep`, one program with the state
-    donated, or with ``split`` a :class:`SplitStep`, its gradients and its
-    update (an :class:`~elastic_trainer.AbstractMultiControllerCluster`).
+    A layout's step is what the training ``mode`` compiles for its mesh
+    (:class:`~elastic_trainer.SynchronousMode` by default: one program with the
+    state donated, or its gradients and then its update).
 
     :param functions: the step's pure functions (see :func:`make_step_functions`).
     :param arrays: the state's arrays, or abstract ones: shapes and dtypes.
@@ -66,15 +66,15 @@ class StepCache:
     :param within_slice: the state's layout within a slice.
     :param max_layouts: how many layouts' compiled steps to keep (at least 1: the one in use;
         ``trainer.max_cached_layouts``, checked with the trainer's settings).
-    :param split: compile a step as its gradients and its update (a :class:`SplitStep`).
+    :param mode: the training mode, which compiles each layout's step.
     """
 
     def __init__(
         self, functions: StepFunctions, arrays: PyTree, sample: PyTree, *, within_slice: WithinSlice,
-        max_layouts: int = DEFAULT_MAX_LAYOUTS, split: bool = False,
+        max_layouts: int = DEFAULT_MAX_LAYOUTS, mode: AbstractTrainingMode = SynchronousMode(),
     ):
         self._functions = functions
-        self._split = split
+        self.mode = mode
         self._abstract = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), arrays)
         self._sample = sample
         self._within_slice = within_slice
@@ -176,15 +176,8 @@ class StepCache:
             lambda leaf: jax.ShapeDtypeStruct((batch_size, *leaf.shape[1:]), leaf.dtype, sharding=batch_sharding(mesh)),
             self._sample,
         )
-        functions = _own(self._functions)
-        if self._split:
-            gradients, shardings = compile_gradients(functions, self._abstract, batch, mesh,
-                                                     within_slice=self._within_slice)
-            update = compile_update(functions, self._abstract, mesh, within_slice=self._within_slice)
-            compiled = SplitStep(gradients, update, DeviceScalars(mesh))
-        else:
-            program, shardings = compile_step(functions, self._abstract, batch, mesh, within_slice=self._within_slice)
-            compiled = FusedStep(program, DeviceScalars(mesh))
+        compiled, shardings = self.mode.compile(_own(self._functions), self._abstract, batch, mesh,
+                                                within_slice=self._within_slice)
         loaded = getattr(_persistent_cache_hits, "hits", 0) > hits_before
         self.records[index] = dataclasses.replace(self.records[index], ready_at=time.time(), loaded=loaded)
         return compiled, shardings, time.time() - begin

@@ -5,6 +5,7 @@ parameters it needs and new parameters never break old plugins. In one run they
 fire in this order::
 
     et_run_start
+    et_training_mode                  (once: what each layout's step compiles to)
     et_make_mesh                      (once, for the initial mesh)
     et_likely_layouts -> et_make_mesh (for each layout to compile ahead)
     et_before_restore, et_after_restore         (when resuming)
@@ -35,6 +36,7 @@ if TYPE_CHECKING:
 
     from ._failures import Failure, RecoveryPlan
     from ._state import TrainState
+    from ._training_mode import AbstractTrainingMode
     from ._protocols import RunView, TrainerView
 
 PROJECT_NAME = "elastic_trainer"
@@ -58,6 +60,20 @@ def et_run_start(trainer: TrainerView, state: TrainState) -> None:
         restores its checkpoint later, see :func:`et_after_restore`).
 
     Return value is ignored.
+    """
+
+
+@hookspec(firstresult=True)
+def et_training_mode(trainer: TrainerView) -> AbstractTrainingMode | None:
+    """Called once, after :func:`et_run_start`, to choose how each layout's step is compiled and run.
+
+    :param trainer: the trainer about to run; ``trainer.cluster`` is the cluster.
+
+    Return an :class:`~elastic_trainer.AbstractTrainingMode`, or ``None`` to
+    let the next plugin decide. ``firstresult``: with no answer the step is
+    synchronous data parallel (:class:`~elastic_trainer.SynchronousMode`, its
+    gradients and update split on a multi-controller cluster). Any other
+    answer is a plugin error.
     """
 
 

@@ -25,6 +25,10 @@ class Recorder:
         self._record("et_run_start", trainer=trainer, state=state)
 
     @et.hookimpl
+    def et_training_mode(self, trainer):
+        self._record("et_training_mode", trainer=trainer)
+
+    @et.hookimpl
     def et_step_start(self, trainer, step):
         self._record("et_step_start", trainer=trainer, step=step)
 
@@ -109,7 +113,7 @@ def test_every_hook_is_prefixed_and_documented():
 STEP = ["et_step_start", "et_before_update", "et_step_end"]
 BOUNDARY = ["et_slice_health", "et_propose_resize"]  # between steps, not after the last
 SAVE = ["et_before_checkpoint_save", "et_after_checkpoint_save"]
-START = ["et_run_start", "et_make_mesh", "et_likely_layouts"]
+START = ["et_run_start", "et_training_mode", "et_make_mesh", "et_likely_layouts"]
 
 
 def test_plugin_sees_hooks_of_a_run_in_documented_order(tiny_trainer_kwargs):

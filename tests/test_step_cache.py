@@ -59,7 +59,7 @@ def test_the_least_recently_used_layout_goes_first():
 def test_a_layouts_step_is_one_donating_program_or_with_split_its_gradients_and_update():
     # one program, as a hand-written loop's, unless the cluster's processes each run their own part of every program
     fused, _, _ = new_cache(max_layouts=1).get(mesh_of(0), BATCH)
-    split, _, _ = new_cache(max_layouts=1, split=True).get(mesh_of(0), BATCH)
+    split, _, _ = new_cache(max_layouts=1, mode=et.SynchronousMode(split=True)).get(mesh_of(0), BATCH)
     assert isinstance(fused, FusedStep) and len(fused.executables) == 1
     assert isinstance(split, SplitStep) and len(split.executables) == 2
     # the state is donated to the one program, and to the split step's update only

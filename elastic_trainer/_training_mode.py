@@ -1,0 +1,69 @@
+"""Training modes: how a layout's step is compiled, and so what one step of the loop does on the devices.
+
+The loop, the failure flow and the restore sources are the same in every mode
+(docs/architecture.md); a mode decides only the programs a layout runs. The
+synchronous mode is the default: one all-reduce of the gradients across slices
+per step, then the donated update (:mod:`._compiled_step`). A plugin provides
+another through ``et_training_mode`` (docs/plugins.md, "A training mode").
+"""
+
+from __future__ import annotations
+
+import abc
+import dataclasses
+from typing import ClassVar
+
+from jax.sharding import Mesh
+from jaxtyping import PyTree
+
+from ._compiled_step import CompiledStep, DeviceScalars, FusedStep, SplitStep
+from ._mesh import WithinSlice
+from ._step import StepFunctions, compile_gradients, compile_step, compile_update
+
+
+class AbstractTrainingMode(abc.ABC):
+    """How each layout's step is compiled: the programs one step of the loop runs on a mesh.
+
+    A mode is asked once per layout (on the step cache's background thread
+    when a layout is compiled ahead, so :meth:`compile` must not touch the
+    running state). The loop runs what it returns through
+    :meth:`CompiledStep.run` and commits the leaves it gives back.
+    """
+
+    name: ClassVar[str]
+    """The mode's name, for messages."""
+
+    @abc.abstractmethod
+    def compile(self, functions: StepFunctions, abstract: PyTree, batch: PyTree, mesh: Mesh, *,
+                within_slice: WithinSlice) -> tuple[CompiledStep, PyTree]:
+        """The compiled step for ``mesh`` and the state's shardings on it.
+
+        :param functions: the step's pure functions over the state's flat leaves (:class:`StepFunctions`).
+        :param abstract: the state's arrays as shapes and dtypes (a :class:`~elastic_trainer.TrainState`).
+        :param batch: a ``jax.ShapeDtypeStruct`` per leaf of the global batch, sharded over the mesh.
+        :param mesh: the layout's mesh, axes ``("slice", "device")``.
+        :param within_slice: the state's layout within a slice (``trainer.within_slice``).
+        """
+
+
+@dataclasses.dataclass(frozen=True)
+class SynchronousMode(AbstractTrainingMode):
+    """Data parallel and synchronous: every step all-reduces the gradients across every slice, then updates.
+
+    :param split: compile each step as its gradients and then its update (a
+        :class:`SplitStep`, what a runtime whose processes each run their own
+        part needs: ``cluster=multiprocess``); else one donating program (a
+        :class:`FusedStep`, what a hand-written loop jits).
+    """
+
+    name: ClassVar[str] = "synchronous"
+    split: bool = False
+
+    def compile(self, functions: StepFunctions, abstract: PyTree, batch: PyTree, mesh: Mesh, *,
+                within_slice: WithinSlice) -> tuple[CompiledStep, PyTree]:
+        if self.split:
+            gradients, shardings = compile_gradients(functions, abstract, batch, mesh, within_slice=within_slice)
+            update = compile_update(functions, abstract, mesh, within_slice=within_slice)
+            return SplitStep(gradients, update, DeviceScalars(mesh)), shardings
+        program, shardings = compile_step(functions, abstract, batch, mesh, within_slice=within_slice)
+        return FusedStep(program, DeviceScalars(mesh)), shardings

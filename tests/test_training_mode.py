@@ -1,0 +1,99 @@
+"""The step seam: a plugin's training mode compiles every layout's step and the loop runs it; with none, the
+step is synchronous data parallel. docs/plugins.md's example mode, run as written."""
+
+import dataclasses
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+from test_fault_matrix import named_arrays
+
+import elastic_trainer as et
+from elastic_trainer_plugins.chaos import Chaos
+from elastic_trainer_plugins.scale_down import ScaleDown
+
+DOC = Path(__file__).parents[1] / "docs" / "plugins.md"
+
+
+def documented_plugin():
+    """A new instance of docs/plugins.md's ``UseCountingMode``, from the page's code as written."""
+    section = DOC.read_text().split("## A training mode\n")[1].split("\n## ")[0]
+    (code,) = re.findall(r"```python\n(.*?)```", section, flags=re.S)
+    namespace = {}
+    exec(compile(code, str(DOC), "exec"), namespace)  # noqa: S102 - the page's own example
+    return namespace["UseCountingMode"]()
+
+
+class ChoosesMode:
+    def __init__(self, mode):
+        self.mode = mode
+
+    @et.hookimpl
+    def et_training_mode(self, trainer):
+        return self.mode
+
+
+@dataclasses.dataclass
+class CountedStep:
+    """A compiled step that notes the global batch of each step it runs."""
+
+    inner: et.CompiledStep
+    runs: list
+
+    @property
+    def executables(self):
+        return self.inner.executables
+
+    def run(self, leaves, batch, *, lr_scale, batch_size, monitor):
+        self.runs.append(batch_size)
+        return self.inner.run(leaves, batch, lr_scale=lr_scale, batch_size=batch_size, monitor=monitor)
+
+
+@dataclasses.dataclass(eq=False)
+class RunCountingMode(et.AbstractTrainingMode):
+    name = "run_counting"
+    runs: list = dataclasses.field(default_factory=list)
+
+    def compile(self, functions, abstract, batch, mesh, *, within_slice):
+        step, shardings = et.SynchronousMode().compile(functions, abstract, batch, mesh, within_slice=within_slice)
+        return CountedStep(step, self.runs), shardings
+
+
+def lose_slice_1(tiny_trainer_kwargs, *plugins):
+    """6 steps on 4 slices, slice 1 lost for good during step 3: scale_down goes on with 3."""
+    chaos = Chaos(failures=[{"at_step": 2, "slice": 1, "down_for_s": 1e9}])
+    return et.Trainer(**tiny_trainer_kwargs(steps=6, global_batch_size=24, strategy=ScaleDown(),
+                                            plugins=[chaos, *plugins]))
+
+
+def test_without_a_plugin_the_step_is_synchronous_and_one_program(tiny_trainer_kwargs):
+    trainer = et.Trainer(**tiny_trainer_kwargs(steps=1))
+    trainer.fit()
+    assert trainer._ctx.step_cache.mode == et.SynchronousMode(split=False)
+
+
+def test_the_documented_mode_compiles_every_layout_of_a_run_that_loses_a_slice_and_ends_as_the_default(
+        tiny_trainer_kwargs):
+    plugin = documented_plugin()
+    state, report = lose_slice_1(tiny_trainer_kwargs, plugin).fit()
+    assert report["steps_completed"] == 6 and [f["slices_after"] for f in report["failures"]] == [3]
+    records = report["compile_cache"]["layouts"]
+    ready, started = (sum(bool(r[when]) for r in records) for when in ("ready_at", "started_at"))
+    assert 2 <= ready <= plugin.mode.layouts <= started  # a compile ahead may still run on its thread
+    default_state, _ = lose_slice_1(tiny_trainer_kwargs).fit()  # the synchronous mode's own run
+    for name, array in named_arrays(default_state).items():
+        np.testing.assert_array_equal(named_arrays(state)[name], array, err_msg=name)
+
+
+def test_the_loop_runs_the_modes_compiled_step_for_every_step(tiny_trainer_kwargs):
+    mode = RunCountingMode()
+    et.Trainer(**tiny_trainer_kwargs(steps=3, plugins=[ChoosesMode(mode)])).fit()
+    assert mode.runs == [16] * 3
+
+
+def test_an_answer_that_is_no_mode_is_a_plugin_error_naming_the_plugin(tiny_trainer_kwargs):
+    trainer = et.Trainer(**tiny_trainer_kwargs(steps=1, plugins=[ChoosesMode("fused")]))
+    with pytest.raises(et.PluginError, match=r"returned 'fused' from et_training_mode; a plugin must return an "
+                                             r"et.AbstractTrainingMode"):
+        trainer.fit()
