@@ -236,6 +236,13 @@ class FailureLog:
         return [record.to_json() for record in self._records]
 
 
+LOSSES_ON_DEVICE = 64
+"""Committed steps whose loss stays on the devices as the step left it (the newest ones). Once twice as many
+are, the older half comes to the host in one transfer (their steps ended long ago: nothing waits), so a run
+holds a float per step, not a device array with a buffer per device (a long run's memory grew with its
+steps: tests/test_soak.py counts the live arrays)."""
+
+
 class StepHistory:
     """The committed steps: their samples, losses and times, rolled back together. The trainer's loop
     (``_trainer.py``) alone writes it.
@@ -245,7 +252,10 @@ class StepHistory:
 
     def __init__(self, ledger: SampleLedger):
         self.ledger = ledger
-        self.losses: dict[int, jax.Array] = {}
+        self.losses: dict[int, jax.Array | float] = {}
+        """Each committed step's loss, by step: a float, or for the newest :data:`LOSSES_ON_DEVICE` steps or
+        more, the device array the step made."""
+        self._on_device: list[int] = []  # the steps whose loss is still a device array, in commit order
         self.seconds: dict[int, float] = {}
         """Each committed step's wall time, by step."""
         self.resumed_from: int | None = None
@@ -268,12 +278,17 @@ class StepHistory:
     def start_at(self, position: int) -> None:
         """Count samples from data position ``position`` (where a resumed run continues); forget every step."""
         self.ledger = SampleLedger(self.ledger.num_samples, seed=self.ledger.seed, start_position=position)
-        self.losses, self.seconds = {}, {}
+        self.losses, self.seconds, self._on_device = {}, {}, []
 
     def commit(self, step: int, ids: np.ndarray, loss: jax.Array) -> None:
-        """Record step ``step`` (0-based): its samples and its loss (left on the device)."""
+        """Record step ``step`` (0-based): its samples and its loss (left on the device for now)."""
         self.ledger.commit(step, ids)
         self.losses[step] = loss
+        self._on_device.append(step)
+        if len(self._on_device) >= 2 * LOSSES_ON_DEVICE:
+            older, self._on_device = self._on_device[:-LOSSES_ON_DEVICE], self._on_device[-LOSSES_ON_DEVICE:]
+            for older_step, value in zip(older, jax.device_get([self.losses[s] for s in older]), strict=True):
+                self.losses[older_step] = float(value)
 
     def time_step(self, step: int, seconds: float) -> None:
         """Record how long committed step ``step`` took, wall time."""
@@ -283,6 +298,7 @@ class StepHistory:
         """Forget the steps from ``to_step`` on; the seconds they took."""
         self.ledger.roll_back(to_step)
         self.losses = {s: loss for s, loss in self.losses.items() if s < to_step}
+        self._on_device = [s for s in self._on_device if s < to_step]
         return sum(self.seconds.pop(s) for s in [s for s in self.seconds if s >= to_step])
 
     def ordered_losses(self) -> list[float]:
