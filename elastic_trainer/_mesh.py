@@ -86,33 +86,35 @@ def spread(tree: PyTree, shardings: PyTree) -> PyTree:
     ``jax.device_put`` whole, whose copy between meshes of different devices
     reads the array whole.
     """
-    def key(index: tuple[slice, ...]) -> tuple:
-        return tuple((s.start, s.stop, s.step) for s in index)
-
     arrays, targets = jax.tree.leaves(tree), jax.tree.leaves(shardings)
-    plans, copies = [], []  # per array: its shards on the new devices, each kept or the index of a copy
-    for array, sharding in zip(arrays, targets, strict=True):
-        held = {key(shard.index): shard.data for shard in array.addressable_shards}
-        wanted = sharding.addressable_devices_indices_map(array.shape)
-        if any(key(index) not in held for index in wanted.values()):
-            plans.append(None)
-            continue
-        own = {shard.device: shard for shard in array.addressable_shards}
-        plan = []
-        for device, index in wanted.items():
-            if device in own and key(own[device].index) == key(index):
-                plan.append(own[device].data)
-            else:
-                plan.append(len(copies))
-                copies.append((held[key(index)], device))
-        plans.append(plan)
-    copied = jax.device_put([data for data, _ in copies], [device for _, device in copies])
+    plans = [_spread_plan(array, sharding) for array, sharding in zip(arrays, targets, strict=True)]
+    copies = [shard for plan in plans if plan is not None for shard in plan if isinstance(shard, tuple)]
+    copied = iter(jax.device_put([data for data, _ in copies], [device for _, device in copies]))
     spread_out = [
         jax.device_put(array, sharding) if plan is None else jax.make_array_from_single_device_arrays(
-            array.shape, sharding, [copied[shard] if isinstance(shard, int) else shard for shard in plan])
+            array.shape, sharding, [next(copied) if isinstance(shard, tuple) else shard for shard in plan])
         for array, sharding, plan in zip(arrays, targets, plans, strict=True)
     ]
     return jax.tree.unflatten(jax.tree.structure(tree), spread_out)
+
+
+def _spread_plan(array: jax.Array, sharding: NamedSharding) -> list[jax.Array | tuple[jax.Array, jax.Device]] | None:
+    """Per device of ``sharding`` in this process: the shard it holds already, or the held shard to copy onto it
+    and the device; None if a shard it needs is held nowhere here."""
+    own = {shard.device: shard for shard in array.addressable_shards}
+    wanted = sharding.addressable_devices_indices_map(array.shape)  # in the order the array's shards are given
+    if array.sharding.is_fully_replicated and sharding.is_fully_replicated:  # any shard is the whole array
+        source = next(iter(own.values())).data
+        return [own[device].data if device in own else (source, device) for device in wanted]
+
+    def key(index: tuple[slice, ...]) -> tuple:
+        return tuple((s.start, s.stop, s.step) for s in index)
+
+    held = {key(shard.index): shard.data for shard in array.addressable_shards}
+    if any(key(index) not in held for index in wanted.values()):
+        return None
+    return [own[device].data if device in own and key(own[device].index) == key(index) else (held[key(index)], device)
+            for device, index in wanted.items()]
 
 
 def put_on(tree: PyTree, shardings: PyTree) -> PyTree:

@@ -50,6 +50,8 @@ def test_a_replica_spreads_onto_a_spares_devices_keeping_the_survivors_buffers()
     for shard in spread_out["w"].addressable_shards:
         if shard.device in kept:
             assert shard.data.unsafe_buffer_pointer() == kept[shard.device], "a survivor's shard was copied"
+        else:  # a copy of its own, which a survivor's donating step cannot overwrite
+            assert shard.data.unsafe_buffer_pointer() not in kept.values(), "a spare's shard aliases a survivor's"
         assert (shard.data == state["w"][shard.index]).all()
     assert (jax.random.key_data(spread_out["key"]) == jax.random.key_data(state["key"])).all()
 
