@@ -286,9 +286,18 @@ class StepHistory:
         self.losses[step] = loss
         self._on_device.append(step)
         if len(self._on_device) >= 2 * LOSSES_ON_DEVICE:
-            older, self._on_device = self._on_device[:-LOSSES_ON_DEVICE], self._on_device[-LOSSES_ON_DEVICE:]
-            for older_step, value in zip(older, jax.device_get([self.losses[s] for s in older]), strict=True):
-                self.losses[older_step] = float(value)
+            self._to_host(len(self._on_device) - LOSSES_ON_DEVICE)
+
+    def losses_to_host(self) -> None:
+        """Bring every loss still on the devices to the host, in one transfer: before the backend that holds
+        them is dropped (a rejoin restarts it, and arrays of the old backend must not be read after)."""
+        self._to_host(len(self._on_device))
+
+    def _to_host(self, count: int) -> None:
+        """The ``count`` oldest losses still on the devices, as floats."""
+        older, self._on_device = self._on_device[:count], self._on_device[count:]
+        for older_step, value in zip(older, jax.device_get([self.losses[s] for s in older]), strict=True):
+            self.losses[older_step] = float(value)
 
     def time_step(self, step: int, seconds: float) -> None:
         """Record how long committed step ``step`` took, wall time."""

@@ -19,9 +19,9 @@ def take_back(ctx, state: LoopState, slices: Sequence[int], returning: Sequence[
     """In a live process, at a step boundary: go on with ``slices``, some of them ``returning`` (their processes
     are replacements that asked to join). ``ctx`` is the trainer's :class:`~elastic_trainer._recovery.TrainingContext`.
 
-    The saves under way commit first; the state goes to host memory (this
-    process's shards); the cluster restarts the backend with the
-    replacements (:meth:`~elastic_trainer.AbstractRejoinCluster.take_in`),
+    The saves under way commit first; the state (this process's shards)
+    and the losses still on the devices go to host memory; the cluster
+    restarts the backend with the replacements (:meth:`~elastic_trainer.AbstractRejoinCluster.take_in`),
     every compiled step forgotten once the compile under way has ended; then
     the layout of ``slices`` is made on the new backend and the state moves to
     it, the returning slices' part from a live slice's (:func:`share_state`).
@@ -34,6 +34,7 @@ def take_back(ctx, state: LoopState, slices: Sequence[int], returning: Sequence[
             raise stopped
     with ctx.clock.measure("remesh"):
         host = to_host(state.arrays)
+        ctx.history.losses_to_host()  # the backend that holds them is restarted
         group = ctx.checkpoints.checkpointer.groups + 1 if ctx.checkpoints else 0
         assert isinstance(ctx.cluster, AbstractRejoinCluster)  # the only kind whose slices return
         joined = ctx.cluster.take_in(slices, step=state.step, position=state.position, checkpoint_group=group,
