@@ -96,7 +96,7 @@ class _InMemorySource(RestoreSource):
             jax.block_until_ready(arrays)
             ctx.cluster.synchronize(SyncCall.MEMORY_RESTORE, request.new.slices, since=request.since)
         ctx.hooks.et_after_restore(trainer=ctx.view, step=step, source=self.name,
-                                   state=eqx.combine(arrays, ctx.static))
+                                   state=eqx.combine(ctx.mode.train_state(arrays), ctx.static))
         return Restored(arrays, self.name, step)
 
     @abc.abstractmethod

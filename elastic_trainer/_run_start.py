@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 
 import equinox as eqx
 import jax
+import jax.numpy as jnp
 import numpy as np
 from jaxtyping import PyTree
 
@@ -35,7 +36,7 @@ if TYPE_CHECKING:
 
 def start_run(trainer: Trainer, *, watchdog: Watchdog, failures: FailureLog) -> tuple[TrainingContext, PyTree]:
     """Join the job, make the initial train state (``et_run_start`` sees it), check that the model fits the data,
-    and build the run's collaborators; the run's context and the state's arrays, on no layout yet."""
+    and build the run's collaborators; the run's context and the training mode's state, on no layout yet."""
     clock = GoodputClock(trainer.started_at)
     with clock.measure("startup"):
         if trainer.checkpointer and not trainer.resume and not admission_of(trainer.cluster):  # a replacement goes on
@@ -47,16 +48,18 @@ def start_run(trainer: Trainer, *, watchdog: Watchdog, failures: FailureLog) -> 
     if trainer.strategy is None and has_spares(trainer.cluster):
         warnings.warn("the cluster keeps spare slices but no strategy is selected, so a failure stops training and "
                       "no spare is used; select one with +strategy=hot_swap.", SpareWarning, stacklevel=3)
+    mode = _training_mode(trainer)
     with clock.measure("startup"):
-        arrays, static = eqx.partition(state, eqx.is_array)
+        train_arrays, static = eqx.partition(state, eqx.is_array)
         sample = jax.tree.map(np.asarray, trainer.data.get_batch(np.zeros(1, dtype=np.int64)))
-        functions = make_step_functions(trainer.loss_fn, trainer.optimizer, static, arrays)
-        check_fits(functions, arrays, sample)
+        functions = make_step_functions(trainer.loss_fn, trainer.optimizer, static, train_arrays)
+        check_fits(functions, train_arrays, sample)
+        arrays = _own_buffers(mode.init(train_arrays))
         step_cache = StepCache(functions, arrays, sample, within_slice=trainer.within_slice,
-                               max_layouts=trainer.max_cached_layouts, mode=_training_mode(trainer))
+                               max_layouts=trainer.max_cached_layouts, mode=mode)
     run = RunContext(cluster=trainer.cluster, hooks=trainer.hook, plugin_manager=trainer.plugin_manager,
                      view=trainer, clock=clock, failures=failures)
-    checkpoints = _run_checkpoints(trainer, run, static)
+    checkpoints = _run_checkpoints(trainer, run, static, mode)
     layouts = Layouts(run, steps=step_cache, global_batch_size=trainer.global_batch_size,
                       release=checkpoints and checkpoints.release,
                       take_back=lambda state, slices, returning: take_back(ctx, state, slices, returning))
@@ -64,11 +67,25 @@ def start_run(trainer: Trainer, *, watchdog: Watchdog, failures: FailureLog) -> 
         **vars(run), layouts=layouts, stragglers=StragglerWatch(trainer.straggler_rule),
         checkpoints=checkpoints, snapshots=HostSnapshots(trainer.snapshot_period, jax.tree.structure(arrays)),
         history=StepHistory(SampleLedger(trainer.data.num_samples, seed=trainer.seed, start_position=0)),
-        abstract=jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), arrays), static=static,
+        abstract=jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), arrays), static=static, mode=mode,
         step_cache=step_cache, runner=StepRunner(trainer.cluster, trainer.data, watchdog, sample, hooks=trainer.hook,
                                                  view=trainer, structure=jax.tree.structure(arrays), seed=trainer.seed),
     )
     return ctx, arrays
+
+
+def _own_buffers(arrays: PyTree) -> PyTree:
+    """``arrays`` with a copy of each array it holds more than once (a mode's state that starts an average as the
+    parameters themselves): a step donates every leaf, and one buffer donated twice crashes XLA."""
+    seen: set[int] = set()
+
+    def own(leaf: jax.Array) -> jax.Array:
+        if id(leaf) in seen:
+            return jnp.copy(leaf)
+        seen.add(id(leaf))
+        return leaf
+
+    return jax.tree.map(own, arrays)
 
 
 def _training_mode(trainer: Trainer) -> AbstractTrainingMode:
@@ -85,13 +102,14 @@ def _training_mode(trainer: Trainer) -> AbstractTrainingMode:
     return mode
 
 
-def _run_checkpoints(trainer: Trainer, run: RunContext, static: PyTree) -> RunCheckpoints | None:
+def _run_checkpoints(trainer: Trainer, run: RunContext, static: PyTree,
+                     mode: AbstractTrainingMode) -> RunCheckpoints | None:
     """The run's checkpoints (``None`` without a checkpointer), with what they check a resume against."""
     if trainer.checkpointer is None:
         return None
     return RunCheckpoints(
-        trainer.checkpointer, run, static=static,
+        trainer.checkpointer, run, train_state=lambda arrays: eqx.combine(mode.train_state(arrays), static),
         data_order={"seed": trainer.seed, "num_samples": trainer.data.num_samples},
         run_metadata={"global_batch_size": trainer.global_batch_size, "cluster": trainer.cluster.describe(),
-                      "within_slice": trainer.within_slice},
+                      "within_slice": trainer.within_slice, "training_mode": mode.name},
     )

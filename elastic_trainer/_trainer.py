@@ -395,8 +395,9 @@ class Trainer:
                 f"{none.unreadable}; point checkpoint.dir at a run's checkpoints, or drop checkpoint.resume to "
                 "start afresh."
             ) from None
-        ctx.history.resume_at(step, int(arrays.data_position))
-        return PhaseEnd(dataclasses.replace(state, arrays=arrays, step=step, position=int(arrays.data_position),
+        position = int(ctx.mode.train_state(arrays).data_position)
+        ctx.history.resume_at(step, position)
+        return PhaseEnd(dataclasses.replace(state, arrays=arrays, step=step, position=position,
                                             whole=True))
 
 
@@ -414,4 +415,4 @@ def _finish(trainer: Trainer, state: LoopState, stopped: TrainingStopped | None)
     if stopped is not None:
         stopped.report = report
         raise stopped
-    return FitResult(eqx.combine(state.arrays, ctx.static), report)
+    return FitResult(eqx.combine(ctx.mode.train_state(state.arrays), ctx.static), report)

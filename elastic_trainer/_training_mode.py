@@ -18,11 +18,13 @@ from jaxtyping import PyTree
 
 from ._compiled_step import CompiledStep, DeviceScalars, FusedStep, SplitStep
 from ._mesh import WithinSlice
+from ._state import TrainState
 from ._step import StepFunctions, compile_gradients, compile_step, compile_update
 
 
 class AbstractTrainingMode(abc.ABC):
-    """How each layout's step is compiled: the programs one step of the loop runs on a mesh.
+    """What one step of the loop does: the state the run keeps (:meth:`init`) and the programs each layout
+    runs on it (:meth:`compile`).
 
     A mode is asked once per layout (on the step cache's background thread
     when a layout is compiled ahead, so :meth:`compile` must not touch the
@@ -31,15 +33,32 @@ class AbstractTrainingMode(abc.ABC):
     """
 
     name: ClassVar[str]
-    """The mode's name, for messages."""
+    """The mode's name, for messages and the checkpoints' metadata."""
+
+    def init(self, arrays: TrainState) -> PyTree:
+        """The mode's state, made once from the train state's arrays (the model's, the optimizer's, the step,
+        the key and the data position): by default the train state itself.
+
+        A mode that keeps more (an average of the parameters, outer
+        parameters) returns a pytree of arrays that holds them; the run keeps
+        it, whole, on every slice, and its snapshots, checkpoints, replicas
+        and rejoins carry it. Its :meth:`compile` gets its shapes, and its
+        compiled step its flat leaves.
+        """
+        return arrays
+
+    def train_state(self, arrays: PyTree) -> TrainState:
+        """The train state's arrays within the mode's state: what ``et_after_restore``, the report and
+        :class:`~elastic_trainer.FitResult` see, and where the loop reads the step and data position."""
+        return arrays
 
     @abc.abstractmethod
     def compile(self, functions: StepFunctions, abstract: PyTree, batch: PyTree, mesh: Mesh, *,
                 within_slice: WithinSlice) -> tuple[CompiledStep, PyTree]:
         """The compiled step for ``mesh`` and the state's shardings on it.
 
-        :param functions: the step's pure functions over the state's flat leaves (:class:`StepFunctions`).
-        :param abstract: the state's arrays as shapes and dtypes (a :class:`~elastic_trainer.TrainState`).
+        :param functions: the step's pure functions over the train state's flat leaves (:class:`StepFunctions`).
+        :param abstract: the mode's state (:meth:`init`) as shapes and dtypes.
         :param batch: a ``jax.ShapeDtypeStruct`` per leaf of the global batch, sharded over the mesh.
         :param mesh: the layout's mesh, axes ``("slice", "device")``.
         :param within_slice: the state's layout within a slice (``trainer.within_slice``).

@@ -2,6 +2,7 @@
 step is synchronous data parallel. docs/plugins.md's example mode, run as written."""
 
 import dataclasses
+import json
 import re
 from pathlib import Path
 
@@ -11,18 +12,26 @@ from test_fault_matrix import named_arrays
 
 import elastic_trainer as et
 from elastic_trainer_plugins.chaos import Chaos
+from elastic_trainer_plugins.pause_resume import PauseResume
 from elastic_trainer_plugins.scale_down import ScaleDown
 
 DOC = Path(__file__).parents[1] / "docs" / "plugins.md"
 
 
-def documented_plugin():
-    """A new instance of docs/plugins.md's ``UseCountingMode``, from the page's code as written."""
+def documented(name: str):
+    """The class ``name`` of docs/plugins.md's section "A training mode", from the page's code as written."""
     section = DOC.read_text().split("## A training mode\n")[1].split("\n## ")[0]
-    (code,) = re.findall(r"```python\n(.*?)```", section, flags=re.S)
-    namespace = {}
-    exec(compile(code, str(DOC), "exec"), namespace)  # noqa: S102 - the page's own example
-    return namespace["UseCountingMode"]()
+    for code in re.findall(r"```python\n(.*?)```", section, flags=re.S):
+        namespace = {}
+        exec(compile(code, str(DOC), "exec"), namespace)  # noqa: S102 - the page's own example
+        if name in namespace:
+            return namespace[name]
+    raise LookupError(f"docs/plugins.md's section has no {name}")
+
+
+def documented_plugin():
+    """A new instance of docs/plugins.md's ``UseCountingMode``."""
+    return documented("UseCountingMode")()
 
 
 class ChoosesMode:
@@ -97,3 +106,53 @@ def test_an_answer_that_is_no_mode_is_a_plugin_error_naming_the_plugin(tiny_trai
     with pytest.raises(et.PluginError, match=r"returned 'fused' from et_training_mode; a plugin must return an "
                                              r"et.AbstractTrainingMode"):
         trainer.fit()
+
+
+def ema_run(tiny_trainer_kwargs, *plugins, **overrides):
+    """A run of docs/plugins.md's ``EmaMode``: the mode's whole state at the end (the train state and the
+    average of the parameters), and the report."""
+    trainer = et.Trainer(**tiny_trainer_kwargs(plugins=[documented("UseEmaMode")(), *plugins], **overrides))
+    _, report = trainer.fit()
+    return trainer._state.arrays, report
+
+
+def assert_same_mode_state(arrays, expected):
+    for name, array in named_arrays(expected).items():
+        np.testing.assert_array_equal(named_arrays(arrays)[name], array, err_msg=name)
+
+
+def test_a_modes_own_state_comes_back_from_a_replica_and_a_snapshot_as_an_uninterrupted_run_keeps_it(
+        tiny_trainer_kwargs):
+    """Slice 1 lost while step 2 runs (the replica on the other slices restores the whole mode state), then
+    slice 2 lost during step 4's update (the fused step took the state: the host snapshot restores it); both
+    come back, and pause_resume goes on with 4 slices. The average ends as an uninterrupted run's, bit for bit."""
+    expected, _ = ema_run(tiny_trainer_kwargs, steps=6)
+    assert set(named_arrays(expected)) > set(named_arrays(documented("EmaMode")().train_state(expected)))
+    ema, params = named_arrays(expected.ema), named_arrays(expected.params)
+    assert any(not np.array_equal(ema[name], params[name]) for name in params), "the average is the parameters"
+    chaos = Chaos(failures=[{"at_step": 1, "slice": 1, "down_for_s": 0.2},
+                            {"at_step": 3, "slice": 2, "down_for_s": 0.2, "phase": "update"}])
+    arrays, report = ema_run(tiny_trainer_kwargs, chaos, steps=6, snapshot_period=1, strategy=PauseResume(timeout_s=30))
+    assert [(f["step"], f["restored_from"], f["lost_steps"]) for f in report["failures"]] == [
+        (1, "replica", 0), (3, "snapshot", 0)]
+    assert report["steps_completed"] == 6 and report["samples"]["duplicated"] == 0
+    assert_same_mode_state(arrays, expected)
+
+
+def test_a_modes_own_state_is_checkpointed_and_a_resume_ends_as_an_uninterrupted_run(tiny_trainer_kwargs,
+                                                                                     tmp_path):
+    expected, _ = ema_run(tiny_trainer_kwargs, steps=6)
+    ema_run(tiny_trainer_kwargs, steps=4, checkpointer=et.Checkpointer(tmp_path, period=2))
+    assert json.loads((tmp_path / "4" / "metadata" / "metadata").read_text())["training_mode"] == "ema"
+    arrays, report = ema_run(tiny_trainer_kwargs, steps=6, checkpointer=et.Checkpointer(tmp_path, period=2),
+                             resume=True)
+    assert report["samples"] == {"consumed": 2 * 16, "duplicated": 0, "skipped": 0}
+    assert_same_mode_state(arrays, expected)
+
+
+def test_a_checkpoint_without_the_modes_state_is_refused_in_one_sentence(tiny_trainer_kwargs, tmp_path):
+    et.Trainer(**tiny_trainer_kwargs(steps=2, checkpointer=et.Checkpointer(tmp_path, period=2))).fit()
+    with pytest.raises(et.ConfigError, match=r"holds another model's state \(ema\..* is in this run but not in the "
+                                             r"checkpoint\); resume with the model and optimizer it was saved with "
+                                             r"\(and its training mode"):
+        ema_run(tiny_trainer_kwargs, steps=4, checkpointer=et.Checkpointer(tmp_path, period=2), resume=True)

@@ -359,7 +359,8 @@ def _check_same_state(manager: ocp.CheckpointManager, directory: Path, step: int
     if difference:
         raise ConfigError(
             f"the checkpoint of step {step} in {directory} holds another model's state ({difference}); "
-            "resume with the model and optimizer it was saved with, or choose another checkpoint.dir."
+            "resume with the model and optimizer it was saved with (and its training mode, which may keep more), "
+            "or choose another checkpoint.dir."
         )
 
 

@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import time
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
-import equinox as eqx
 import jax
 from jaxtyping import PyTree
 
@@ -61,18 +60,19 @@ class RunCheckpoints:
     :param checkpointer: where the checkpoints go.
     :param run: the cluster (checked after each save: a slice lost meanwhile makes it void), the plugins'
         hooks, and the run's clock (its start dates the saves for ``period="auto"``).
-    :param static: the train state's non-array part, for ``et_after_restore``.
+    :param train_state: the train state (a :class:`~elastic_trainer.TrainState`) of a restored state's arrays,
+        for ``et_after_restore``.
     :param data_order: what fixes the sample order (``seed``, ``num_samples``), checked on restore.
     :param run_metadata: more fields for each checkpoint's metadata.
     """
 
     def __init__(
-        self, checkpointer: Checkpointer, run: RunContext, *, static: PyTree, data_order: dict[str, int],
-        run_metadata: dict[str, Any],
+        self, checkpointer: Checkpointer, run: RunContext, *, train_state: Callable[[PyTree], Any],
+        data_order: dict[str, int], run_metadata: dict[str, Any],
     ):
         self.checkpointer = checkpointer
         self._cluster, self._hooks, self._view, self._clock = run.cluster, run.hooks, run.view, run.clock
-        self._static = static
+        self._train_state = train_state
         self._data_order = data_order
         self._run_metadata = run_metadata
         self.failed_saves: list[SaveEnded] = []
@@ -238,7 +238,7 @@ class RunCheckpoints:
                 )
             self._cluster.synchronize(SyncCall.CHECKPOINT_RESTORE, slices, since=since)
             self._hooks.et_after_restore(
-                trainer=self._view, step=step, source="checkpoint", state=eqx.combine(arrays, self._static)
+                trainer=self._view, step=step, source="checkpoint", state=self._train_state(arrays)
             )
             return arrays, step
         raise NoReadableCheckpoint(skipped)
