@@ -108,10 +108,12 @@ def test_an_answer_that_is_no_mode_is_a_plugin_error_naming_the_plugin(tiny_trai
         trainer.fit()
 
 
-def ema_run(tiny_trainer_kwargs, *plugins, **overrides):
-    """A run of docs/plugins.md's ``EmaMode``: the mode's whole state at the end (the train state and the
-    average of the parameters), and the report."""
-    trainer = et.Trainer(**tiny_trainer_kwargs(plugins=[documented("UseEmaMode")(), *plugins], **overrides))
+def ema_run(tiny_trainer_kwargs, *plugins, split=None, **overrides):
+    """A run of docs/plugins.md's ``EmaMode`` (chosen by its ``UseEmaMode``, or with ``split`` given, split or
+    fused whatever the cluster): the mode's whole state at the end (the train state and the average of the
+    parameters), and the report."""
+    chooses = documented("UseEmaMode")() if split is None else ChoosesMode(documented("EmaMode")(split=split))
+    trainer = et.Trainer(**tiny_trainer_kwargs(plugins=[chooses, *plugins], **overrides))
     _, report = trainer.fit()
     return trainer._state.arrays, report
 
@@ -121,20 +123,24 @@ def assert_same_mode_state(arrays, expected):
         np.testing.assert_array_equal(named_arrays(arrays)[name], array, err_msg=name)
 
 
+@pytest.mark.parametrize(("split", "second_failure"), [(False, (3, "snapshot")), (True, (4, "replica"))],
+                         ids=["fused", "split"])
 def test_a_modes_own_state_comes_back_from_a_replica_and_a_snapshot_as_an_uninterrupted_run_keeps_it(
-        tiny_trainer_kwargs):
+        tiny_trainer_kwargs, split, second_failure):
     """Slice 1 lost while step 2 runs (the replica on the other slices restores the whole mode state), then
-    slice 2 lost during step 4's update (the fused step took the state: the host snapshot restores it); both
-    come back, and pause_resume goes on with 4 slices. The average ends as an uninterrupted run's, bit for bit."""
-    expected, _ = ema_run(tiny_trainer_kwargs, steps=6)
+    slice 2 lost during step 4's update (a fused step took the state: the host snapshot restores it; a split
+    one's update ended on the other slices, step 4 committed: their replica); both come back, and pause_resume goes on with 4
+    slices. The average ends as an uninterrupted run's, bit for bit."""
+    expected, _ = ema_run(tiny_trainer_kwargs, steps=6, split=split)
     assert set(named_arrays(expected)) > set(named_arrays(documented("EmaMode")().train_state(expected)))
     ema, params = named_arrays(expected.ema), named_arrays(expected.params)
     assert any(not np.array_equal(ema[name], params[name]) for name in params), "the average is the parameters"
     chaos = Chaos(failures=[{"at_step": 1, "slice": 1, "down_for_s": 0.2},
                             {"at_step": 3, "slice": 2, "down_for_s": 0.2, "phase": "update"}])
-    arrays, report = ema_run(tiny_trainer_kwargs, chaos, steps=6, snapshot_period=1, strategy=PauseResume(timeout_s=30))
+    arrays, report = ema_run(tiny_trainer_kwargs, chaos, steps=6, snapshot_period=1, split=split,
+                             strategy=PauseResume(timeout_s=30))
     assert [(f["step"], f["restored_from"], f["lost_steps"]) for f in report["failures"]] == [
-        (1, "replica", 0), (3, "snapshot", 0)]
+        (1, "replica", 0), (*second_failure, 0)]
     assert report["steps_completed"] == 6 and report["samples"]["duplicated"] == 0
     assert_same_mode_state(arrays, expected)
 
