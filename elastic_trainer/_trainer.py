@@ -268,6 +268,12 @@ class Trainer:
         return self._ctx.history.ledger if self._ctx else None
 
     @property
+    def mode_state(self) -> PyTree | None:
+        """The training mode's state (arrays only) as of the last committed step, once :meth:`fit` returned: the
+        train state's arrays unless the mode keeps more (docs/plugins.md, "A mode with a state of its own")."""
+        return self._state.arrays if self._state else None
+
+    @property
     def failures(self) -> list[dict[str, Any]]:
         """The failures so far, as the report lists them."""
         return self._failures.to_json()

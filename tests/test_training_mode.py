@@ -6,6 +6,8 @@ import json
 import re
 from pathlib import Path
 
+import equinox as eqx
+import jax.numpy as jnp
 import numpy as np
 import pytest
 from test_fault_matrix import named_arrays
@@ -115,7 +117,7 @@ def ema_run(tiny_trainer_kwargs, *plugins, split=None, **overrides):
     chooses = documented("UseEmaMode")() if split is None else ChoosesMode(documented("EmaMode")(split=split))
     trainer = et.Trainer(**tiny_trainer_kwargs(plugins=[chooses, *plugins], **overrides))
     _, report = trainer.fit()
-    return trainer._state.arrays, report
+    return trainer.mode_state, report
 
 
 def assert_same_mode_state(arrays, expected):
@@ -133,6 +135,8 @@ def test_a_modes_own_state_comes_back_from_a_replica_and_a_snapshot_as_an_uninte
     slices. The average ends as an uninterrupted run's, bit for bit."""
     expected, _ = ema_run(tiny_trainer_kwargs, steps=6, split=split)
     assert set(named_arrays(expected)) > set(named_arrays(documented("EmaMode")().train_state(expected)))
+    averaged = eqx.combine(expected.ema, tiny_trainer_kwargs()["model"])  # as docs/plugins.md says to evaluate it
+    assert np.isfinite(float(et.next_token_loss(averaged, jnp.arange(18).reshape(2, 9) % 16, key=None)))
     ema, params = named_arrays(expected.ema), named_arrays(expected.params)
     assert any(not np.array_equal(ema[name], params[name]) for name in params), "the average is the parameters"
     chaos = Chaos(failures=[{"at_step": 1, "slice": 1, "down_for_s": 0.2},
