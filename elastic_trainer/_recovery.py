@@ -38,7 +38,7 @@ from ._step_cache import StepCache
 from ._stragglers import StragglerWatch
 from ._step_runner import StepRunner
 from ._take_back import take_back
-from ._training_mode import AbstractTrainingMode
+from ._state import TrainState
 
 HEALTH_POLL_S = 0.05
 """How often slice health is asked while waiting for slices."""
@@ -55,7 +55,7 @@ class TrainingContext(RunContext):
     :param history: the committed steps (rolled back with the state).
     :param abstract: the training mode's state as shapes and dtypes (a checkpoint restore's target).
     :param static: the train state's non-array part.
-    :param mode: the training mode: what state the run keeps, and how each layout's step is compiled.
+    :param train_state: the train state (its non-array part included) in the training mode's state's arrays.
     :param step_cache: the compiled steps.
     :param runner: runs a step.
     """
@@ -67,7 +67,7 @@ class TrainingContext(RunContext):
     history: StepHistory
     abstract: PyTree
     static: PyTree
-    mode: AbstractTrainingMode
+    train_state: Callable[[PyTree], TrainState]
     step_cache: StepCache
     runner: StepRunner
 
@@ -272,7 +272,7 @@ def _recover_from(ctx: TrainingContext, failure: Failure, index: int, error: Exc
         slices_after=len(new.slices),
     )
     ctx.layouts.record_resize(step, old, new, reason="failure", seconds=remesh_s + record.compile_s + record.restore_s)
-    train = ctx.mode.train_state(arrays)
+    train = ctx.train_state(arrays)
     recovered = LoopState(
         arrays, new, step=int(train.step), position=int(train.data_position),
         incarnations=ctx.cluster.incarnations(), pending=PendingRecovery(index, record.failed_at),

@@ -19,7 +19,6 @@ import dataclasses
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, ClassVar
 
-import equinox as eqx
 import jax
 from jaxtyping import PyTree
 
@@ -96,7 +95,7 @@ class _InMemorySource(RestoreSource):
             jax.block_until_ready(arrays)
             ctx.cluster.synchronize(SyncCall.MEMORY_RESTORE, request.new.slices, since=request.since)
         ctx.hooks.et_after_restore(trainer=ctx.view, step=step, source=self.name,
-                                   state=eqx.combine(ctx.mode.train_state(arrays), ctx.static))
+                                   state=ctx.train_state(arrays))
         return Restored(arrays, self.name, step)
 
     @abc.abstractmethod

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import warnings
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import equinox as eqx
@@ -18,7 +19,7 @@ from ._records import FailureLog, RunContext, StepHistory
 from ._recovery import TrainingContext
 from .checkpoints._run_checkpoints import RunCheckpoints, refuse_to_overwrite
 from ._snapshots import HostSnapshots
-from ._state import init_train_state
+from ._state import TrainState, init_train_state
 from ._step import check_fits, make_step_functions
 from ._step_cache import StepCache
 from ._step_runner import StepRunner
@@ -59,7 +60,11 @@ def start_run(trainer: Trainer, *, watchdog: Watchdog, failures: FailureLog) -> 
                                max_layouts=trainer.max_cached_layouts, mode=mode)
     run = RunContext(cluster=trainer.cluster, hooks=trainer.hook, plugin_manager=trainer.plugin_manager,
                      view=trainer, clock=clock, failures=failures)
-    checkpoints = _run_checkpoints(trainer, run, static, mode)
+
+    def train_state(arrays: PyTree) -> TrainState:  # the train state in the mode's state, non-array part included
+        return eqx.combine(mode.train_state(arrays), static)
+
+    checkpoints = _run_checkpoints(trainer, run, train_state, mode)
     layouts = Layouts(run, steps=step_cache, global_batch_size=trainer.global_batch_size,
                       release=checkpoints and checkpoints.release,
                       take_back=lambda state, slices, returning: take_back(ctx, state, slices, returning))
@@ -67,7 +72,8 @@ def start_run(trainer: Trainer, *, watchdog: Watchdog, failures: FailureLog) -> 
         **vars(run), layouts=layouts, stragglers=StragglerWatch(trainer.straggler_rule),
         checkpoints=checkpoints, snapshots=HostSnapshots(trainer.snapshot_period, jax.tree.structure(arrays)),
         history=StepHistory(SampleLedger(trainer.data.num_samples, seed=trainer.seed, start_position=0)),
-        abstract=jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), arrays), static=static, mode=mode,
+        abstract=jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), arrays), static=static,
+        train_state=train_state,
         step_cache=step_cache, runner=StepRunner(trainer.cluster, trainer.data, watchdog, sample, hooks=trainer.hook,
                                                  view=trainer, structure=jax.tree.structure(arrays), seed=trainer.seed),
     )
@@ -102,13 +108,13 @@ def _training_mode(trainer: Trainer) -> AbstractTrainingMode:
     return mode
 
 
-def _run_checkpoints(trainer: Trainer, run: RunContext, static: PyTree,
+def _run_checkpoints(trainer: Trainer, run: RunContext, train_state: Callable[[PyTree], TrainState],
                      mode: AbstractTrainingMode) -> RunCheckpoints | None:
     """The run's checkpoints (``None`` without a checkpointer), with what they check a resume against."""
     if trainer.checkpointer is None:
         return None
     return RunCheckpoints(
-        trainer.checkpointer, run, train_state=lambda arrays: eqx.combine(mode.train_state(arrays), static),
+        trainer.checkpointer, run, train_state=train_state,
         data_order={"seed": trainer.seed, "num_samples": trainer.data.num_samples},
         run_metadata={"global_batch_size": trainer.global_batch_size, "cluster": trainer.cluster.describe(),
                       "within_slice": trainer.within_slice, "training_mode": mode.name},

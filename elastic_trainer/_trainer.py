@@ -15,7 +15,6 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, NamedTuple
 
-import equinox as eqx
 import jax
 import optax
 import pluggy
@@ -401,7 +400,7 @@ class Trainer:
                 f"{none.unreadable}; point checkpoint.dir at a run's checkpoints, or drop checkpoint.resume to "
                 "start afresh."
             ) from None
-        position = int(ctx.mode.train_state(arrays).data_position)
+        position = int(ctx.train_state(arrays).data_position)
         ctx.history.resume_at(step, position)
         return PhaseEnd(dataclasses.replace(state, arrays=arrays, step=step, position=position,
                                             whole=True))
@@ -421,4 +420,4 @@ def _finish(trainer: Trainer, state: LoopState, stopped: TrainingStopped | None)
     if stopped is not None:
         stopped.report = report
         raise stopped
-    return FitResult(eqx.combine(ctx.mode.train_state(state.arrays), ctx.static), report)
+    return FitResult(ctx.train_state(state.arrays), report)
