@@ -33,6 +33,7 @@ from ._failures import (
     RetryBudget as RetryBudget,
     SliceLostError as SliceLostError,
     SpareWarning as SpareWarning,
+    StepInterrupted as StepInterrupted,
     SyncMismatchError as SyncMismatchError,
     TrainingStopped as TrainingStopped,
 )
@@ -40,7 +41,14 @@ from ._preemption import Preempted as Preempted
 from ._run_lock import RunLockedError as RunLockedError, StaleLockWarning as StaleLockWarning
 from ._goodput import BADPUT_CATEGORIES as BADPUT_CATEGORIES, GoodputClock as GoodputClock
 from ._report import report_events as report_events, summary_table as summary_table, write_report as write_report
-from ._mesh import DEVICE_AXIS as DEVICE_AXIS, SLICE_AXIS as SLICE_AXIS, make_mesh as make_mesh
+from ._mesh import (
+    DEVICE_AXIS as DEVICE_AXIS,
+    SLICE_AXIS as SLICE_AXIS,
+    WithinSlice as WithinSlice,
+    batch_sharding as batch_sharding,
+    make_mesh as make_mesh,
+    state_shardings as state_shardings,
+)
 from ._models import Transformer as Transformer, next_token_loss as next_token_loss
 from ._plugins import DEFAULT_PLUGINS as DEFAULT_PLUGINS, make_plugin_manager as make_plugin_manager
 from ._protocols import (

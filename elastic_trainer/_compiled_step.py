@@ -10,6 +10,7 @@ dispatched, and waits for it; a failure after the state was donated raises
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from typing import Any, Protocol
 
 import jax
@@ -22,11 +23,24 @@ from ._mesh import replicated
 
 
 class StepMonitor(Protocol):
-    """What a compiled step calls while it runs (the :class:`~elastic_trainer._step_runner.StepRunner`)."""
+    """What a compiled step calls while it runs (the :class:`~elastic_trainer._step_runner.StepRunner`).
 
-    def launching(self) -> None:
-        """Just before the step's first program is dispatched: a slice known to be lost raises here, the state
-        still whole."""
+    ``slices`` narrows a check to some of the layout's slices, for a step
+    whose programs run on one slice each (a semi-synchronous mode's); by
+    default a check covers every slice of the layout.
+    """
+
+    @property
+    def step(self) -> int:
+        """The step being run: how many steps were completed before it."""
+
+    @property
+    def slices(self) -> tuple[int, ...]:
+        """The slices of the running step's layout, in the order of its mesh's slice axis."""
+
+    def launching(self, slices: Sequence[int] | None = None) -> None:
+        """Just before the step's first program is dispatched (on ``slices``): a slice known to be lost raises
+        here, the state still whole."""
 
     def dispatched(self) -> None:
         """The step's first program is dispatched: what the host does while the devices work goes here."""
@@ -35,10 +49,17 @@ class StepMonitor(Protocol):
         """The program that makes the new state's ``leaves`` is dispatched (they are not ready yet)."""
 
     def before_update(self) -> None:
-        """The step's update is about to consume the state (in a fused step: it runs, dispatched)."""
+        """The step's update is about to consume the state (in a fused step: it runs, dispatched); in a
+        boundary, its program runs, dispatched."""
 
-    def wait(self, pending: list[jax.Array], *, end: bool) -> None:
-        """Wait for ``pending`` and check the cluster: after the gradients, or at the step's ``end``."""
+    def wait(self, pending: list[jax.Array], *, end: bool, slices: Sequence[int] | None = None) -> None:
+        """Wait for ``pending`` and check the cluster (``slices`` of it): after the gradients, or at the step's
+        ``end``."""
+
+    def dropped(self, slices: Sequence[int], error: Exception) -> None:
+        """The step goes on without ``slices``, lost (``error`` says how), and without their part of the state:
+        the new leaves it makes lie on the other slices alone. Only a mode whose slices each keep a part of
+        their own (a replica) drops slices; the loop then goes on without them, with no recovery."""
 
 
 class CompiledStep(Protocol):
@@ -59,6 +80,13 @@ class CompiledStep(Protocol):
         leaves are whole); one after, :class:`StepInterrupted` with the new
         leaves where the processes that live hold them, else none.
         """
+
+    def boundary(self, leaves: list[jax.Array], *, monitor: StepMonitor) -> list[jax.Array]:
+        """The work between two steps that the mode says is due (:meth:`AbstractTrainingMode.boundary_due`: a
+        semi-synchronous mode's outer step) on the committed state's ``leaves``; the new leaves. Only a mode
+        whose ``boundary_due`` can be true needs it. It must not donate ``leaves``: a slice lost while it runs is
+        dropped, and it runs again over the others."""
+        raise NotImplementedError
 
 
 class DeviceScalars:

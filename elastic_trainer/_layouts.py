@@ -13,7 +13,7 @@ from jax.sharding import Mesh
 
 from .clusters import has_spares, mesh_slice_count, release as release_slices, returning_slices, vital_slices
 from ._failures import ConfigError, PluginError, RecoveryPlan
-from ._mesh import DEVICE_AXIS, SLICE_AXIS, keep_slices
+from ._mesh import DEVICE_AXIS, SLICE_AXIS
 from ._records import Layout, LoopState, ResizeRecord, RunContext
 from ._step_cache import StepCache
 
@@ -137,8 +137,10 @@ class Layouts:
         for slices in sorted(likely, key=likeliest_first):
             mesh = make_mesh(self._hooks, self._view, [all_devices[i] for i in slices])
             local = any(device.process_index == jax.process_index() for device in mesh.devices.flat)
-            if mesh.size and layout.batch_size % mesh.size == 0 and local:  # a mesh without us is not ours to run
-                self._steps.compile_ahead(mesh, layout.batch_size, slices)
+            by_mode = self._steps.mode.batch_size(self._global_batch_size, slices=len(slices), limit=self.limit)
+            batch_size = layout.batch_size if by_mode is None else by_mode
+            if mesh.size and batch_size % mesh.size == 0 and local:  # a mesh without us is not ours to run
+                self._steps.compile_ahead(mesh, batch_size, slices)
 
     def maybe_resize(self, state: LoopState) -> LoopState:
         """Ask plugins whether to change slices at this step boundary (``et_propose_resize``); move the state if so.
@@ -165,7 +167,7 @@ class Layouts:
         new = self.make(target)
         with self._clock.measure("remesh"):
             kept = [position for position, s in enumerate(layout.slices) if s not in dropped]
-            arrays = jax.device_put(keep_slices(state.arrays, layout.mesh, kept), new.shardings)
+            arrays = self._steps.mode.move(state.arrays, layout.mesh, kept, new.shardings)
             jax.block_until_ready(arrays)
         reason = "dropped" if dropped else "scale_up"
         self.record_resize(state.step, layout, new, reason=reason, seconds=time.time() - begin)
@@ -185,7 +187,10 @@ class Layouts:
     def _batch_for(self, mesh: Mesh, slices: tuple[int, ...], plan: RecoveryPlan | None) -> tuple[int, float]:
         """The global batch and learning-rate scale on ``mesh`` under ``plan``'s batch policy."""
         batch_size, lr_scale = self._global_batch_size, 1.0
-        if plan is not None and not plan.keep_global_batch:
+        by_mode = self._steps.mode.batch_size(batch_size, slices=len(slices), limit=self.limit)
+        if by_mode is not None:
+            batch_size = by_mode
+        elif plan is not None and not plan.keep_global_batch:
             full_devices = self.limit * mesh.shape[DEVICE_AXIS]
             batch_size = self._global_batch_size * mesh.size // full_devices
             ratio = batch_size / self._global_batch_size

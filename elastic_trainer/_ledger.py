@@ -11,7 +11,9 @@ class SampleLedger:
     """The sample indices of every committed step, by step.
 
     Steps rolled back by a restore are dropped again, so the ledger always
-    holds what the surviving state was trained on.
+    holds what the surviving state was trained on. Samples a step read but
+    whose training no state holds any more (a dropped replica's,
+    :meth:`forget`) count as skipped.
 
     :param num_samples: size of the dataset.
     :param seed: the data order's seed.
@@ -23,23 +25,39 @@ class SampleLedger:
         self.seed = seed
         self.start_position = start_position
         self._ids_by_step: dict[int, np.ndarray] = {}
+        self._kept: dict[int, np.ndarray] = {}  # step -> which of its ids the state holds, where some were forgotten
 
     def commit(self, step: int, ids: np.ndarray) -> None:
         """Record that step ``step`` (0-based) was trained on samples ``ids``."""
         self._ids_by_step[step] = ids
+        self._kept.pop(step, None)
+
+    def ids_of(self, step: int) -> np.ndarray:
+        """The samples committed step ``step`` read."""
+        return self._ids_by_step[step]
+
+    def forget(self, step: int, rows: slice) -> int:
+        """Step ``step``'s samples ``rows`` (of its batch) are no longer trained on by the state: skipped. Returns
+        how many of them were still counted."""
+        kept = self._kept.setdefault(step, np.ones(len(self._ids_by_step[step]), bool))
+        forgotten = int(kept[rows].sum())
+        kept[rows] = False
+        return forgotten
 
     def roll_back(self, to_step: int) -> None:
         """Forget steps ``to_step`` and later: the state no longer contains them."""
         for step in [s for s in self._ids_by_step if s >= to_step]:
             del self._ids_by_step[step]
+            self._kept.pop(step, None)
 
     def to_arrays(self) -> dict[str, np.ndarray]:
-        """The ledger as arrays (``steps``, ``sizes``, ``ids``, ``start_position``), for ``np.savez``."""
+        """The ledger as arrays (``steps``, ``sizes``, ``ids``, ``kept``, ``start_position``), for ``np.savez``."""
         steps = sorted(self._ids_by_step)
         return {
             "steps": np.asarray(steps, np.int64),
             "sizes": np.asarray([len(self._ids_by_step[s]) for s in steps], np.int64),
             "ids": np.concatenate([np.empty(0, np.int64), *(self._ids_by_step[s] for s in steps)]),
+            "kept": np.concatenate([np.empty(0, bool), *(self._kept_of(s) for s in steps)]),
             "start_position": np.int64(self.start_position),
             "num_samples": np.int64(self.num_samples),
             "seed": np.int64(self.seed),
@@ -62,9 +80,13 @@ class SampleLedger:
             return
         start = int(arrays["start_position"])
         self.start_position = min(self.start_position, start) if self._ids_by_step else start
-        ids = np.split(arrays["ids"], np.cumsum(arrays["sizes"])[:-1])
-        for step, step_ids in zip(arrays["steps"].tolist(), ids, strict=True):
+        bounds = np.cumsum(arrays["sizes"])[:-1]
+        ids = np.split(arrays["ids"], bounds)
+        kept = np.split(arrays["kept"], bounds) if "kept" in arrays else [None] * len(ids)  # older files: all kept
+        for step, step_ids, step_kept in zip(arrays["steps"].tolist(), ids, kept, strict=True):
             self._ids_by_step[step] = step_ids
+            if step_kept is not None and not step_kept.all():
+                self._kept[step] = step_kept
 
     def end_position(self) -> int:
         """The data position after the committed steps, if they follow one another."""
@@ -76,7 +98,8 @@ class SampleLedger:
         Counted from the recorded indices: a sample recorded more often than
         the stream holds it is duplicated, one recorded less often is skipped.
         """
-        consumed = np.concatenate([np.empty(0, np.int64), *self._ids_by_step.values()])
+        consumed = np.concatenate([np.empty(0, np.int64),
+                                   *(ids[self._kept_of(step)] for step, ids in self._ids_by_step.items())])
         expected = sample_ids(
             self.num_samples, seed=self.seed, start=self.start_position, count=end_position - self.start_position
         )
@@ -88,3 +111,8 @@ class SampleLedger:
             "duplicated": int(difference[difference > 0].sum()),
             "skipped": int(-difference[difference < 0].sum()),
         }
+
+    def _kept_of(self, step: int) -> np.ndarray:
+        """Which of step ``step``'s samples the state holds."""
+        kept = self._kept.get(step)
+        return np.ones(len(self._ids_by_step[step]), bool) if kept is None else kept

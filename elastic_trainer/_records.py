@@ -98,7 +98,9 @@ class FailureRecord:
     (``None`` until then, and for good when the run ended first). A failure
     that stopped the run has ``ended_run`` set. On a cluster with spares,
     ``spares_taken`` are the spares the new layout took in the lost slices'
-    place and ``spares_left`` the healthy ones still out of it. Optional parts
+    place and ``spares_left`` the healthy ones still out of it. A slice whose
+    replica a semi-synchronous mode dropped (``action`` ``"drop_replica"``)
+    lost ``samples_skipped`` samples' training and no step. Optional parts
     that did not happen (``fell_back_from``, ``regrouped``, the compile and
     restore of a recovery that stopped, spares on a cluster without) are left
     out of :meth:`to_json`.
@@ -127,10 +129,11 @@ class FailureRecord:
     processes: tuple[int, ...] | None = None
     spares_taken: tuple[int, ...] | None = None
     spares_left: int | None = None
+    samples_skipped: int | None = None
 
     _REPORT_ORDER = (
         "step", "phase", "slice", "slices", "processes", "kind", "action", "slices_before", "slices_after", "restored_from",
-        "lost_steps", "recovery_s", "ended_run", "failed_at", "detection_s", "waiting_s", "fell_back_from", "regrouped",
+        "lost_steps", "samples_skipped", "recovery_s", "ended_run", "failed_at", "detection_s", "waiting_s", "fell_back_from", "regrouped",
         "compile_s", "compile_cached", "remesh_s", "restore_s", "spares_taken", "spares_left",
     )
 
@@ -146,7 +149,7 @@ class FailureRecord:
             "spares_taken": None if self.spares_taken is None else list(self.spares_taken),
         }
         optional = ("processes", "waiting_s", "fell_back_from", "regrouped", "compile_s", "compile_cached", "remesh_s",
-                    "restore_s", "spares_taken", "spares_left")
+                    "restore_s", "spares_taken", "spares_left", "samples_skipped")
         return {k: fields[k] for k in self._REPORT_ORDER if not (k in optional and fields[k] is None)}
 
 
@@ -258,6 +261,8 @@ class StepHistory:
         self._on_device: list[int] = []  # the steps whose loss is still a device array, in commit order
         self.seconds: dict[int, float] = {}
         """Each committed step's wall time, by step."""
+        self.slices: dict[int, tuple[int, ...]] = {}
+        """The slices each committed step's batch was split over, by step."""
         self.resumed_from: int | None = None
         """The checkpoint step a resumed run continued from."""
         self.first_step_ended_at: float | None = None
@@ -278,11 +283,13 @@ class StepHistory:
     def start_at(self, position: int) -> None:
         """Count samples from data position ``position`` (where a resumed run continues); forget every step."""
         self.ledger = SampleLedger(self.ledger.num_samples, seed=self.ledger.seed, start_position=position)
-        self.losses, self.seconds, self._on_device = {}, {}, []
+        self.losses, self.seconds, self.slices, self._on_device = {}, {}, {}, []
 
-    def commit(self, step: int, ids: np.ndarray, loss: jax.Array) -> None:
-        """Record step ``step`` (0-based): its samples and its loss (left on the device for now)."""
+    def commit(self, step: int, ids: np.ndarray, loss: jax.Array, *, slices: tuple[int, ...]) -> None:
+        """Record step ``step`` (0-based): its samples, split over ``slices``, and its loss (left on the device for
+        now)."""
         self.ledger.commit(step, ids)
+        self.slices[step] = slices
         self.losses[step] = loss
         self._on_device.append(step)
         if len(self._on_device) >= 2 * LOSSES_ON_DEVICE:
@@ -307,8 +314,22 @@ class StepHistory:
         """Forget the steps from ``to_step`` on; the seconds they took."""
         self.ledger.roll_back(to_step)
         self.losses = {s: loss for s, loss in self.losses.items() if s < to_step}
+        self.slices = {s: slices for s, slices in self.slices.items() if s < to_step}
         self._on_device = [s for s in self._on_device if s < to_step]
         return sum(self.seconds.pop(s) for s in [s for s in self.seconds if s >= to_step])
+
+    def drop_slice(self, dropped: int, *, since: int) -> tuple[int, float]:
+        """Slice ``dropped``'s training of the committed steps from ``since`` on is lost (its replica was dropped):
+        its share of their samples is skipped. Returns how many samples that is, and its share of those steps'
+        time (goodput it no longer is)."""
+        skipped, seconds = 0, 0.0
+        for step in sorted(s for s in self.slices if s >= since and dropped in self.slices[s]):
+            slices, ids = self.slices[step], self.ledger.ids_of(step)
+            share = len(ids) // len(slices)  # the batch is split over the slices in order, one share each
+            position = slices.index(dropped)
+            skipped += self.ledger.forget(step, slice(position * share, (position + 1) * share))
+            seconds += self.seconds.get(step, 0.0) / len(slices)
+        return skipped, seconds
 
     def ordered_losses(self) -> list[float]:
         """The committed steps' losses, in step order."""

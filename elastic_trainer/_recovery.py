@@ -38,6 +38,7 @@ from ._step_cache import StepCache
 from ._stragglers import StragglerWatch
 from ._step_runner import StepRunner
 from ._take_back import take_back
+from ._training_mode import AbstractTrainingMode
 from ._state import TrainState
 
 HEALTH_POLL_S = 0.05
@@ -56,6 +57,7 @@ class TrainingContext(RunContext):
     :param abstract: the training mode's state as shapes and dtypes (a checkpoint restore's target).
     :param static: the train state's non-array part.
     :param train_state: the train state (its non-array part included) in the training mode's state's arrays.
+    :param mode: the training mode.
     :param step_cache: the compiled steps.
     :param runner: runs a step.
     """
@@ -68,6 +70,7 @@ class TrainingContext(RunContext):
     abstract: PyTree
     static: PyTree
     train_state: Callable[[PyTree], TrainState]
+    mode: AbstractTrainingMode
     step_cache: StepCache
     runner: StepRunner
 
@@ -83,15 +86,17 @@ def lost_slices(ctx: RunContext, slices: Sequence[int], reported: Sequence[int],
 
 
 def classify(
-    ctx: RunContext, error: Exception, *, step: int, phase: str, slices: Sequence[int], since: tuple[int, ...]
+    ctx: RunContext, error: Exception, *, step: int, phase: str, slices: Sequence[int], since: tuple[int, ...],
+    detection: bool = True,
 ) -> tuple[Failure, int]:
     """Classify ``error`` (``et_classify_failure``), find the slices lost, and record the failure.
 
-    Returns the failure (its ``slices`` those lost) and its index in ``ctx.failures``.
+    Returns the failure (its ``slices`` those lost) and its index in ``ctx.failures``. The time it takes is
+    booked as ``detection`` unless the training went on meanwhile (not ``detection``: a dropped replica's).
     """
     lost_error = error if isinstance(error, SliceLostError) else None
     failed_at = (lost_error and lost_error.occurred_at) or time.time()  # a process death is stamped when it died
-    with ctx.clock.measure("detection"):
+    with ctx.clock.measure("detection") if detection else contextlib.nullcontext():
         failure: Failure = ctx.hooks.et_classify_failure(error=error, step=step, phase=phase)
         lost = lost_slices(ctx, slices, failure.slices, since)
     record = FailureRecord(

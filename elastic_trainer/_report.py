@@ -37,6 +37,7 @@ def run_report(trainer: Trainer, ctx: TrainingContext, state: LoopState) -> dict
     losses = history.ordered_losses()
     return {
         "strategy": None if trainer.strategy is None else strategy_name(trainer.strategy),
+        "training_mode": ctx.mode.name,
         "cluster": trainer.cluster.describe(),
         "steps_target": trainer.steps,
         "steps_completed": state.step,
@@ -89,11 +90,14 @@ def summary_table(report: dict[str, Any]) -> Table:
             table.add_row(f"  {category}", f"{seconds:6.1f} s  {'#' * round(30 * share):<30} {share:.1%}")
     for failure in report["failures"]:
         recovered = "not recovered" if failure["recovery_s"] is None else f"recovered in {failure['recovery_s']:.1f} s"
+        if "samples_skipped" in failure:  # a dropped replica: the others went on, nothing was restored
+            outcome = f"the others went on, its {failure['samples_skipped']} samples since the last sync skipped"
+        else:
+            outcome = f"from {failure['restored_from']}, {failure['lost_steps']} steps lost, {recovered}"
         table.add_row(
             f"failure @ {failure['step']}",
             f"slices {failure['slices']} {failure['kind']}: {failure['action']}, "
-            f"{failure['slices_before']} -> {failure['slices_after']} slices, from {failure['restored_from']}, "
-            f"{failure['lost_steps']} steps lost, {recovered}" + _spares(failure),
+            f"{failure['slices_before']} -> {failure['slices_after']} slices, {outcome}" + _spares(failure),
         )
     for resize in report["resizes"]:
         if resize.get("state_from_peer"):

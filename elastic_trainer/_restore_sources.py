@@ -25,7 +25,6 @@ from jaxtyping import PyTree
 from ._failures import TrainingStopped
 from .clusters import SyncCall
 from .clusters.multicontroller._rejoin import compile_from_peers
-from ._mesh import keep_slices, spread
 from ._records import Layout, RestoredFrom
 from .checkpoints._run_checkpoints import NoReadableCheckpoint
 
@@ -120,7 +119,7 @@ class Replica(_InMemorySource):
 
     def _arrays(self, ctx: TrainingContext, request: RestoreRequest) -> PyTree:
         positions = [request.old.slices.index(s) for s in request.survivors]
-        return spread(keep_slices(request.arrays, request.old.mesh, positions), request.new.shardings)
+        return ctx.mode.move(request.arrays, request.old.mesh, positions, request.new.shardings)
 
 
 class Snapshot(_InMemorySource):
@@ -148,7 +147,7 @@ class Checkpoint(RestoreSource):
 
     def restore(self, ctx: TrainingContext, request: RestoreRequest) -> Restored:
         target = jax.tree.map(lambda a, sharding: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sharding),
-                              ctx.abstract, request.new.shardings)
+                              ctx.mode.abstract(ctx.abstract, slices=len(request.new.slices)), request.new.shardings)
         with ctx.clock.measure("checkpoint_restore"):
             try:
                 arrays, step = ctx.checkpoints.restore_newest(target, slices=request.new.slices, since=request.since)

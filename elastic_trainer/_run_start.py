@@ -28,6 +28,7 @@ from ._take_back import take_back
 from ._watchdog import Watchdog
 from ._failures import PluginError, SpareWarning
 from ._plugins import answering
+from ._strategy import refuse_off_one_controller
 from ._training_mode import AbstractTrainingMode, SynchronousMode
 from .clusters import AbstractMultiControllerCluster, admission_of, has_spares
 
@@ -45,6 +46,8 @@ def start_run(trainer: Trainer, *, watchdog: Watchdog, failures: FailureLog) -> 
         trainer.cluster.configure_jax()
         state = init_train_state(trainer.model, trainer.optimizer,
                                  key=jax.random.fold_in(jax.random.key(trainer.seed), 1))
+    if isinstance(trainer.cluster, AbstractMultiControllerCluster):
+        refuse_off_one_controller(trainer.strategy, trainer.cluster.kind)
     trainer.hook.et_run_start(trainer=trainer, state=state)
     if trainer.strategy is None and has_spares(trainer.cluster):
         warnings.warn("the cluster keeps spare slices but no strategy is selected, so a failure stops training and "
@@ -73,7 +76,7 @@ def start_run(trainer: Trainer, *, watchdog: Watchdog, failures: FailureLog) -> 
         checkpoints=checkpoints, snapshots=HostSnapshots(trainer.snapshot_period, jax.tree.structure(arrays)),
         history=StepHistory(SampleLedger(trainer.data.num_samples, seed=trainer.seed, start_position=0)),
         abstract=jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), arrays), static=static,
-        train_state=train_state,
+        train_state=train_state, mode=mode,
         step_cache=step_cache, runner=StepRunner(trainer.cluster, trainer.data, watchdog, sample, hooks=trainer.hook,
                                                  view=trainer, structure=jax.tree.structure(arrays), seed=trainer.seed),
     )

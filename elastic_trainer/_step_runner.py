@@ -3,6 +3,7 @@ cluster's checks, and a watchdog on each wait."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 import jax
@@ -19,12 +20,14 @@ from ._watchdog import Watchdog
 
 
 class StepResult(NamedTuple):
-    """A step run to its end: the new state and its leaves, the samples it was trained on, and its metrics."""
+    """A step run to its end: the new state and its leaves, the samples it was trained on, its metrics, and the
+    slices it went on without (:meth:`StepMonitor.dropped`: the new state lies on the others), with why."""
 
     arrays: PyTree
     leaves: list[jax.Array]
     ids: np.ndarray
     metrics: dict[str, jax.Array]
+    dropped: dict[int, Exception] = {}
 
 
 class _Batch(NamedTuple):
@@ -74,6 +77,8 @@ class StepRunner:
         self._retired: tuple = ()  # what the step before the running one took: let go while this one runs
         self._next: _Batch | None = None
         self._running: tuple[Layout, tuple[int, ...], int, int | None] | None = None
+        self._dropped: dict[int, Exception] = {}  # the running step's
+        self._in_boundary = False  # running a mode's boundary work, not a step
 
     def run(self, layout: Layout, arrays: PyTree, position: int, *, step: int, since: tuple[int, ...],
             prepare_next: bool) -> StepResult:
@@ -92,10 +97,20 @@ class StepRunner:
         """
         batch = self._take_batch(layout, position)
         self._running = layout, since, step, position + layout.batch_size if prepare_next else None
-        self._batch = batch
+        self._batch, self._dropped = batch, {}
         leaves, loss = layout.compiled.run(self._leaves_of(arrays), batch.arrays, lr_scale=layout.lr_scale,
                                            batch_size=layout.batch_size, monitor=self)
-        return StepResult(self._last[0], leaves, batch.ids, {"loss": loss})
+        return StepResult(self._last[0], leaves, batch.ids, {"loss": loss}, self._dropped)
+
+    def boundary(self, layout: Layout, done: StepResult, *, step: int, since: tuple[int, ...]) -> StepResult:
+        """Run ``layout``'s boundary work (a mode's outer step) on ``done``'s state after step ``step``, to
+        completion; ``done`` with the new state. ``since`` is as for :meth:`run`."""
+        self._running, self._dropped, self._in_boundary = (layout, since, step, None), {}, True
+        try:
+            leaves = layout.compiled.boundary(self._leaves_of(done.arrays), monitor=self)
+        finally:
+            self._in_boundary = False
+        return done._replace(arrays=self._state_of(leaves), leaves=leaves, dropped=self._dropped)
 
     def result_of(self, interrupted: StepInterrupted) -> StepResult:
         """What the running step made when its update failed elsewhere (a split step's): the state the live
@@ -111,11 +126,22 @@ class StepRunner:
 
     # ------------------------------------------------------------------ the monitor of a running step
 
-    def launching(self) -> None:
-        """Before the step's first dispatch: a slice known to be lost raises, the state still whole."""
+    @property
+    def step(self) -> int:
+        """The step being run (how many were completed before it)."""
+        return self._running[2]
+
+    @property
+    def slices(self) -> tuple[int, ...]:
+        """The slices of the running step's layout, in the mesh's order."""
+        return self._running[0].slices
+
+    def launching(self, slices: Sequence[int] | None = None) -> None:
+        """Before the step's first dispatch (on ``slices``, by default the layout's): a slice known to be lost
+        raises, the state still whole."""
         if self._injectable is not None:
             layout, since, _, _ = self._running
-            self._injectable.check_launch(layout.slices, since=since)
+            self._injectable.check_launch(layout.slices if slices is None else slices, since=since)
 
     def dispatched(self) -> None:
         """The step runs: tell the cluster, and read the next step's batch meanwhile."""
@@ -134,18 +160,21 @@ class StepRunner:
         self._state_of(leaves)
 
     def before_update(self) -> None:
-        """The step's update is about to consume the state (``et_before_update``)."""
-        self._hooks.et_before_update(trainer=self._view, step=self._running[2])
+        """The step's update is about to consume the state (``et_before_update``), or a mode's boundary work
+        runs (``et_before_boundary``)."""
+        hook = self._hooks.et_before_boundary if self._in_boundary else self._hooks.et_before_update
+        hook(trainer=self._view, step=self._running[2])
 
-    def wait(self, pending: list[jax.Array], *, end: bool) -> None:
-        """Wait for ``pending`` under the watchdog, and at the step's ``end`` synchronize (``SyncCall.STEP_END``); a
-        multi-controller cluster explains a failure that lost slices may explain first."""
+    def wait(self, pending: list[jax.Array], *, end: bool, slices: Sequence[int] | None = None) -> None:
+        """Wait for ``pending`` under the watchdog, and at the step's ``end`` synchronize ``slices`` (by default
+        the layout's; ``SyncCall.STEP_END``); a multi-controller cluster explains a failure that lost slices may
+        explain first."""
         layout, since, _, _ = self._running
 
         def wait_and_check() -> None:
             jax.block_until_ready(pending)
             if end:
-                self._cluster.synchronize(SyncCall.STEP_END, layout.slices, since=since)
+                self._cluster.synchronize(SyncCall.STEP_END, layout.slices if slices is None else slices, since=since)
 
         try:
             self._watchdog.wait(wait_and_check)
@@ -154,6 +183,10 @@ class StepRunner:
             if hardware and self._multi_controller is not None:
                 self._multi_controller.explain_failure(error, layout.slices, since=since, pending=pending)
             raise
+
+    def dropped(self, slices: Sequence[int], error: Exception) -> None:
+        """The step goes on without ``slices`` (``error``): the loop drops them once it ends."""
+        self._dropped.update(dict.fromkeys(slices, error))
 
     # ------------------------------------------------------------------ state and batches
 

@@ -6,6 +6,9 @@ import abc
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, ClassVar
 
+from ._failures import ConfigError
+from ._plugins import strategy_name
+
 if TYPE_CHECKING:
     from ._failures import Failure, RecoveryPlan
     from ._protocols import RunView, TrainerView
@@ -16,9 +19,20 @@ DEFAULT_MAX_RESTARTS = 10
 (its ``max_restarts``)."""
 
 
-def one_slice_lost(slices: Sequence[int]) -> list[list[int]]:
+def refuse_off_one_controller(strategy: object | None, cluster_kind: str) -> None:
+    """Raise :class:`ConfigError` when ``strategy`` does not run on a multi-controller cluster
+    (:attr:`AbstractStrategy.multi_controller`), which ``cluster_kind`` is."""
+    if strategy is not None and not getattr(strategy, "multi_controller", True):
+        raise ConfigError(f"strategy {strategy_name(strategy)} runs on a single controller (cluster=simulated, "
+                          f"cluster=pathways), not yet on cluster={cluster_kind}; choose another strategy there.")
+
+
+def one_slice_lost(slices: Sequence[int], *, at_least: int = 0) -> list[list[int]]:
     """Every layout of ``slices`` with one of them lost: where the next failure takes a run, for a strategy's
-    ``et_likely_layouts`` (the trainer fills each lost place with a spare, where the cluster keeps one)."""
+    ``et_likely_layouts`` (the trainer fills each lost place with a spare, where the cluster keeps one); none
+    when that would leave fewer than ``at_least`` slices (a strategy's ``min_slice_count``)."""
+    if len(slices) <= at_least:
+        return []
     return [[s for s in slices if s != lost] for lost in slices]
 
 
@@ -37,6 +51,9 @@ class AbstractStrategy(abc.ABC):
     """The report's ``strategy``."""
     max_restarts: int = DEFAULT_MAX_RESTARTS
     """How many new worker processes the command may start when this strategy's plans restart the process."""
+    multi_controller: ClassVar[bool] = True
+    """Whether the strategy runs where each process runs its own part of every program (``cluster=multiprocess``);
+    where not, the command refuses it there before it starts a process, and the trainer before its first step."""
 
     @abc.abstractmethod
     def et_choose_recovery(self, trainer: RunView, failure: Failure) -> RecoveryPlan:

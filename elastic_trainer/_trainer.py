@@ -24,7 +24,7 @@ from jaxtyping import PyTree
 from .checkpoints._checkpointer import Checkpointer
 from .clusters import AbstractCluster, AbstractTimedCluster, SimulatedCluster, SyncCall, admission_of
 from ._data import AbstractDataset
-from ._failures import ConfigError, PluginError, RestartRequested, StepInterrupted, TrainingStopped
+from ._failures import ConfigError, PluginError, RestartRequested, SliceLostError, StepInterrupted, TrainingStopped
 from ._ledger import SampleLedger
 from ._mesh import WithinSlice, put_on
 from ._plugins import GuardedHooks, make_plugin_manager, registers_hooks, strategy_name
@@ -32,6 +32,7 @@ from ._preemption import Preempted, PreemptionWatch, stop_signals
 from ._records import FailureLog, LoopState
 from ._report import run_report
 from ._recovery import TrainingContext, finish_recovery, survive
+from ._replica_drops import drop_replicas
 from .checkpoints._run_checkpoints import NoReadableCheckpoint
 from ._run_lock import hold_run_locks
 from .config._settings import check_trainer_settings
@@ -85,7 +86,8 @@ def _directory_locks(trainer: Trainer) -> contextlib.AbstractContextManager:
 
 
 def _commit(trainer: Trainer, state: LoopState, done: StepResult, *, interrupted: bool) -> LoopState:
-    """Commit step ``state.step``: the loop's state after it, on ``state``'s layout.
+    """Commit step ``state.step`` (its samples and loss are in the history already): the loop's state after it,
+    on ``state``'s layout.
 
     After an ``interrupted`` update (a split step's, on a runtime whose
     processes each ran their own part) the state is whole on the live
@@ -93,12 +95,11 @@ def _commit(trainer: Trainer, state: LoopState, done: StepResult, *, interrupted
     times, compiling ahead, the host snapshot) waits for the recovery.
     """
     ctx, step, layout = trainer._ctx, state.step, state.layout
-    ctx.history.commit(step, done.ids, done.metrics["loss"])
     finish_recovery(ctx, state.pending)
     ctx.history.note_first_step(ctx.clock)
     save_due = (ctx.checkpoints is not None
                 and ctx.checkpoints.checkpointer.schedule.due(step + 1, last_step=trainer.steps))
-    committed = LoopState(done.arrays, layout, step=step + 1, position=state.position + layout.batch_size,
+    committed = LoopState(done.arrays, layout, step=step + 1, position=state.position + len(done.ids),
                           incarnations=state.incarnations, save_due=save_due, at_boundary=not save_due)
     trainer.hook.et_step_end(trainer=trainer, step=step + 1, metrics=done.metrics)
     if not interrupted:
@@ -362,23 +363,48 @@ class Trainer:
 
         When the update of a split step fails elsewhere, the step is committed
         all the same (the processes that live hold it), and the failure goes to
-        recovery from there (phase ``update``).
+        recovery from there (phase ``update``). Slices the step went on without
+        (a semi-synchronous mode's, each with a replica of its own) are dropped
+        with no recovery (``_replica_drops.py``); then the mode's boundary work
+        runs where it is due (its outer step), over the slices left.
         """
-        ctx, layout = self._ctx, state.layout
+        ctx = self._ctx
         self.hook.et_step_start(trainer=self, step=state.step)
         began, failure = time.time(), None
         with ctx.clock.measure("productive", on_error="wasted_progress"):
             try:
-                done = ctx.runner.run(layout, state.arrays, state.position, step=state.step,
+                done = ctx.runner.run(state.layout, state.arrays, state.position, step=state.step,
                                       since=state.incarnations, prepare_next=state.step + 1 < self.steps)
             except StepInterrupted as interrupted:
                 if interrupted.leaves is None:  # no slice holds the state: the step is lost
                     raise
                 done = ctx.runner.result_of(interrupted)
                 failure = interrupted.error
+            ctx.history.commit(state.step, done.ids, done.metrics["loss"], slices=state.layout.slices)
+        if done.dropped:
+            layout, done, state = drop_replicas(ctx, state, state.layout, done, done.dropped, phase="train_step")
+            state = dataclasses.replace(state, layout=layout)
+        state, done = self._boundary(state, done)
+        with ctx.clock.measure("productive", on_error="wasted_progress"):
             committed = _commit(self, state, done, interrupted=failure is not None)
         ctx.history.time_step(state.step, time.time() - began)
         return PhaseEnd(committed, failure, "update")
+
+    def _boundary(self, state: LoopState, done: StepResult) -> tuple[LoopState, StepResult]:
+        """Run the mode's boundary work after step ``state.step`` where it is due; a slice lost while it runs is
+        dropped, and it runs again over the others (its inputs are whole: it does not donate them)."""
+        ctx = self._ctx
+        while ctx.mode.boundary_due(state.step + 1, steps=self.steps):
+            try:
+                with ctx.clock.measure("productive", on_error="wasted_progress"):
+                    return state, ctx.runner.boundary(state.layout, done, step=state.step, since=state.incarnations)
+            except SliceLostError as lost:
+                layout, done, state = drop_replicas(ctx, state, state.layout, done, dict.fromkeys(lost.slices, lost),
+                                                    phase="boundary")
+                state = dataclasses.replace(state, layout=layout)
+            except Exception as error:  # noqa: BLE001 - the step took the state before it: none is whole now
+                raise StepInterrupted(error, leaves=None, loss=None) from error
+        return state, done
 
     def _save(self, state: LoopState) -> PhaseEnd:
         """Save ``state`` as a checkpoint of its step (it is due)."""

@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import abc
 import dataclasses
+from collections.abc import Sequence
 from typing import ClassVar
 
 from jax.sharding import Mesh
 from jaxtyping import PyTree
 
 from ._compiled_step import CompiledStep, DeviceScalars, FusedStep, SplitStep
-from ._mesh import WithinSlice
+from ._mesh import WithinSlice, keep_slices, spread
 from ._state import TrainState
 from ._step import StepFunctions, compile_gradients, compile_step, compile_update
 
@@ -51,6 +52,35 @@ class AbstractTrainingMode(abc.ABC):
         """The train state's arrays within the mode's state: what ``et_after_restore``, the report and
         :class:`~elastic_trainer.FitResult` see, and where the loop reads the step and data position."""
         return arrays
+
+    def abstract(self, abstract: PyTree, *, slices: int) -> PyTree:
+        """The mode's state as shapes for a layout of ``slices`` slices, from ``abstract`` (its shapes at the
+        run's start): where a checkpoint is restored onto. The same by default; a mode whose slices each keep a
+        part of their own (a row per slice) changes the rows."""
+        return abstract
+
+    def move(self, arrays: PyTree, mesh: Mesh, positions: Sequence[int], shardings: PyTree) -> PyTree:
+        """The state held on the slices at ``positions`` of ``mesh`` onto ``shardings`` (another layout's), read
+        from those slices alone: a replica restore, a resize, a dropped replica. By default every slice holds a
+        full copy, so the kept slices' shards make it up (:func:`keep_slices`) and a new slice gets a copy
+        (:func:`spread`)."""
+        return spread(keep_slices(arrays, mesh, positions), shardings)
+
+    def batch_size(self, global_batch_size: int, *, slices: int, limit: int) -> int | None:
+        """The samples one step takes on a layout of ``slices`` of the cluster's ``limit`` slices; ``None``
+        (the default): ``global_batch_size``, or what a recovery plan's batch policy makes of it."""
+        return None
+
+    def boundary_due(self, step: int, *, steps: int) -> bool:
+        """Whether the compiled step's :meth:`~CompiledStep.boundary` runs once ``step`` steps of the run's
+        ``steps`` are completed (a semi-synchronous mode's outer step); never by default."""
+        return False
+
+    def unsynced_from(self, step: int) -> int:
+        """The first step whose progress a slice dropped during step ``step`` takes with it: its samples from
+        there on are skipped (the report's ``samples``). Only a mode that drops slices
+        (:meth:`StepMonitor.dropped`) is asked."""
+        return step
 
     @abc.abstractmethod
     def compile(self, functions: StepFunctions, abstract: PyTree, batch: PyTree, mesh: Mesh, *,

@@ -12,6 +12,7 @@ fire in this order::
     for every step:
         et_step_start
         et_before_update              (the step runs; before its update takes the state)
+        et_before_boundary            (where the training mode's boundary work is due: DiLoCo's outer step)
         et_step_end
         et_before_checkpoint_save, et_after_checkpoint_save    (on a step that is saved)
         et_slice_health -> et_propose_resize -> (on a resize) et_make_mesh
@@ -86,6 +87,19 @@ def et_step_start(trainer: RunView, step: int) -> None:
 
     Return value is ignored. Failure injection uses it to lose a slice during
     the step that follows.
+    """
+
+
+@hookspec
+def et_before_boundary(trainer: RunView, step: int) -> None:
+    """Called after a step whose training mode has boundary work due (``diloco``'s outer step: the slices' one
+    collective), once that work's program is dispatched and running; never in the default, synchronous mode.
+
+    :param trainer: the running trainer.
+    :param step: the number of steps completed before the step it follows (as for ``et_step_start``).
+
+    Return value is ignored. Failure injection uses it to lose a slice during
+    the outer step: the slice is dropped and the work runs again over the others.
     """
 
 

@@ -11,11 +11,13 @@ import numpy as np
 import elastic_trainer as et
 
 FIRED_FILE = "chaos_fired.json"
-PHASES = ("train_step", "update", "checkpoint_save", "checkpoint_restore", "recovery")
+PHASES = ("train_step", "update", "boundary", "checkpoint_save", "checkpoint_restore", "recovery")
 """When a scheduled failure strikes, with ``at_step`` steps completed: as the
 next train step starts (``train_step``: before it is launched), while that
 step runs (``update``: before its update, once the step has taken the state on
 a single controller, once its gradients are computed on ``cluster=multiprocess``),
+while the training mode's boundary work after that step runs (``boundary``:
+``diloco``'s outer step; a scheduled failure there never strikes in another mode),
 during the save of step ``at_step``, a restore of the checkpoint of step
 ``at_step``, or while recovering from the failure at step ``at_step`` (a
 second failure)."""
@@ -161,6 +163,11 @@ class Chaos:
     def et_before_update(self, trainer: et.RunView, step: int) -> None:
         """Lose the slices scheduled to fail while the step after ``step`` runs, before its update."""
         self._strike(trainer, step, "update")
+
+    @et.hookimpl
+    def et_before_boundary(self, trainer: et.RunView, step: int) -> None:
+        """Lose the slices scheduled to fail during the mode's boundary work after the step after ``step``."""
+        self._strike(trainer, step, "boundary")
 
     @et.hookimpl
     def et_before_checkpoint_save(self, trainer: et.TrainerView, step: int) -> None:

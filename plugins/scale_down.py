@@ -112,9 +112,7 @@ class ScaleDown(et.AbstractStrategy):
     @et.hookimpl
     def et_likely_layouts(self, trainer: et.TrainerView) -> list[list[int]]:
         """Every layout with one slice fewer: where the next failure will take the run."""
-        if not self.compile_ahead or len(trainer.slices) <= self.min_slice_count:
-            return []
-        return et.one_slice_lost(trainer.slices)
+        return et.one_slice_lost(trainer.slices, at_least=self.min_slice_count) if self.compile_ahead else []
 
     @et.hookimpl
     def et_step_end(self, step: int) -> None:

@@ -36,6 +36,9 @@ class Recorder:
     def et_before_update(self, trainer, step):
         self._record("et_before_update", trainer=trainer, step=step)
 
+    def et_before_boundary(self, trainer, step):
+        self._record("et_before_boundary", trainer=trainer, step=step)
+
     @et.hookimpl
     def et_slice_health(self, trainer):
         self._record("et_slice_health", trainer=trainer)

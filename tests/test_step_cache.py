@@ -182,6 +182,8 @@ class LikelyLayouts:
 class QueuedCompiles:
     """A step cache that notes the order of the compiles asked for ahead, and which stay queued."""
 
+    mode = et.SynchronousMode()
+
     def __init__(self):
         self.queued = []
         self.kept = None

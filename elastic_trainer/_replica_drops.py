@@ -1,0 +1,63 @@
+"""A step that went on without some slices: a semi-synchronous mode's slices each keep a replica of their own, and
+one lost takes only its replica with it (docs/architecture.md, "Dropped replicas").
+
+The others are not stopped: there is no detection wait, no strategy's plan
+and no restore, only the failure's record, the layout of the slices left
+(compiled ahead, like a recovery's) and the lost slice's samples since its
+last synchronization counted as skipped.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Mapping
+
+import jax
+
+from ._failures import StepInterrupted, TrainingStopped
+from ._records import Layout, LoopState
+from ._recovery import TrainingContext, classify, ends_run_if_stopped
+from ._step_runner import StepResult
+
+
+def drop_replicas(ctx: TrainingContext, state: LoopState, layout: Layout, done: StepResult,
+                  dropped: Mapping[int, Exception], *, phase: str) -> tuple[Layout, StepResult, LoopState]:
+    """Go on without the ``dropped`` slices of ``layout`` after step ``state.step`` (lost in ``phase``): the
+    layout of the others, ``done`` moved onto it, and ``state`` with the lost slices' incarnations brought up to
+    date (the others' stay: a failure of theirs since is still found).
+
+    ``done``'s state lies on the slices that hold it: the others' alone, or
+    all of ``layout``'s (a boundary that lost a slice: its inputs are whole).
+    A failure that the plugins find fatal stops the run.
+    """
+    lost = sorted(dropped)
+    failure, index = classify(ctx, dropped[lost[0]], step=state.step, phase=phase, slices=layout.slices,
+                              since=state.incarnations, detection=False)
+    with ends_run_if_stopped(ctx, index):
+        if not failure.elastic:
+            raise TrainingStopped(f"step {state.step + 1} failed with a fatal error: {dropped[lost[0]]}")
+    gone = sorted({*lost, *failure.slices})
+    survivors = tuple(s for s in layout.slices if s not in gone)
+    if not survivors:  # more were lost meanwhile: no replica is left, and the failure flow takes over
+        raise StepInterrupted(dropped[lost[0]], leaves=None, loss=None)
+    begin = time.time()
+    new = ctx.layouts.make(survivors)
+    held_on = jax.tree.leaves(done.arrays)[0].sharding.mesh  # the mesh of the slices that hold the state
+    rows = [tuple(row) for row in held_on.devices]
+    positions = [rows.index(tuple(layout.mesh.devices[layout.slices.index(s)])) for s in survivors]
+    arrays = ctx.mode.move(done.arrays, held_on, positions, new.shardings)
+    leaves = jax.tree.leaves(arrays)
+    skipped, seconds = 0, 0.0
+    for s in gone:
+        counted = ctx.history.drop_slice(s, since=ctx.mode.unsynced_from(state.step))
+        skipped, seconds = skipped + counted[0], seconds + counted[1]
+    ctx.clock.reclassify_productive(seconds)
+    ctx.failures.amend(index, slices=tuple(gone), action="drop_replica", slices_after=len(survivors),
+                       restored_from="replica", lost_steps=0, recovery_s=0.0, samples_skipped=skipped,
+                       compile_s=new.compile_s, compile_cached=new.compile_cached)
+    ctx.layouts.record_resize(state.step, layout, new, reason="replica_dropped", seconds=time.time() - begin)
+    now = ctx.cluster.incarnations()
+    incarnations = tuple(now[s] if s in gone else count for s, count in enumerate(state.incarnations))
+    return new, done._replace(arrays=arrays, leaves=leaves, dropped={}), dataclasses.replace(
+        state, incarnations=incarnations)
