@@ -187,6 +187,25 @@ BAD_VALUES = [
      "strategy.retry_reset_steps must be at least 0, got -1."),
     ("strategy/hot_swap.compile_ahead", ["+strategy=hot_swap", "strategy.compile_ahead=maybe"],
      "strategy.compile_ahead: value 'maybe' is not a valid bool"),
+    ("strategy/diloco.inner_steps", ["+strategy=diloco", "strategy.inner_steps=0"],
+     "strategy.inner_steps must be at least 1, got 0."),
+    ("strategy/diloco.outer_lr", ["+strategy=diloco", "strategy.outer_lr=0"], "strategy.outer_lr must be above 0, got 0.0."),
+    ("strategy/diloco.outer_momentum", ["+strategy=diloco", "strategy.outer_momentum=1"],
+     "strategy.outer_momentum must be at least 0 and below 1, got 1.0."),
+    ("strategy/diloco.nesterov", ["+strategy=diloco", "strategy.nesterov=maybe"],
+     "strategy.nesterov: value 'maybe' is not a valid bool"),
+    ("strategy/diloco.min_slice_count", ["+strategy=diloco", "strategy.min_slice_count=5"],
+     "strategy.min_slice_count (5) is above the cluster's 4 slices."),
+    ("strategy/diloco.timeout_s", ["+strategy=diloco", "strategy.timeout_s=-1"],
+     "strategy.timeout_s must be at least 0, got -1.0."),
+    ("strategy/diloco.scale_up", ["+strategy=diloco", "strategy.scale_up=maybe"],
+     "strategy.scale_up: value 'maybe' is not a valid bool"),
+    ("strategy/diloco.compile_ahead", ["+strategy=diloco", "strategy.compile_ahead=maybe"],
+     "strategy.compile_ahead: value 'maybe' is not a valid bool"),
+    ("strategy/diloco.max_retries", ["+strategy=diloco", "strategy.max_retries=-1"],
+     "strategy.max_retries must be at least 0, got -1."),
+    ("strategy/diloco.retry_reset_steps", ["+strategy=diloco", "strategy.retry_reset_steps=-1"],
+     "strategy.retry_reset_steps must be at least 0, got -1."),
     ("strategy/fallback.strategies", ["+strategy=pause_then_scale_down", "strategy.strategies=[]"],
      "strategy.strategies must name at least two strategies to fall back between."),
     ("chaos/chaos.mean_steps_between_failures", ["+chaos=random", "chaos.mean_steps_between_failures=-1"],
@@ -355,7 +374,9 @@ def assert_fails_with(result, message: str) -> None:
     (["cluster=multiprocess", "cluster.heartbeat_timeout_s=0"], "cluster.heartbeat_timeout_s must be at least 1, got 0."),
     (["cluster=pathways", "cluster.spare_slices=1"], "cluster=pathways keeps no spare slices: cluster.spare_slices is "
      "cluster=simulated's and cluster=multiprocess's only"),
-], ids=["slices", "steps", "multiprocess", "spares_on_pathways"])
+    (["cluster=multiprocess", "+strategy=diloco"], "strategy diloco runs on a single controller (cluster=simulated, "
+     "cluster=pathways), not yet on cluster=multiprocess; choose another strategy there."),
+], ids=["slices", "steps", "multiprocess", "spares_on_pathways", "diloco_on_multiprocess"])
 def test_a_bad_value_through_the_cli_touches_no_checkpoint(checkpoints, tmp_path, case, message):
     before = checksums(checkpoints)
     result = resume_cli(checkpoints, tmp_path / "run", *case)

@@ -28,11 +28,13 @@ from elastic_trainer.config._schemas import (
 from elastic_trainer_plugins.chaos import Chaos, ScheduledFailure
 from elastic_trainer_plugins.metrics import TensorBoard
 from elastic_trainer_plugins.full_restart import FullRestart
+from elastic_trainer_plugins.diloco import DiLoCo
 from elastic_trainer_plugins.hot_swap import HotSwap
 from elastic_trainer_plugins.pause_resume import PauseResume
 from elastic_trainer_plugins.scale_down import ScaleDown
 
-STRATEGIES = {"scale_down": ScaleDown, "pause_resume": PauseResume, "full_restart": FullRestart, "hot_swap": HotSwap}
+STRATEGIES = {"scale_down": ScaleDown, "pause_resume": PauseResume, "full_restart": FullRestart, "hot_swap": HotSwap,
+              "diloco": DiLoCo}
 CHAIN_OVERRIDES = [{"timeout_s": 30.0}, {}]  # pause_then_scale_down waits 30 s, not pause_resume's 300 s
 PARAMETRIZE = pytest.mark.parametrize(("name", "cls"), STRATEGIES.items(), ids=STRATEGIES)
 

@@ -16,6 +16,7 @@ from omegaconf.errors import MissingMandatoryValue, OmegaConfBaseException
 
 from elastic_trainer_plugins.chaos import Chaos, ScheduledFailure, check_chaos_settings
 from elastic_trainer_plugins.full_restart import FullRestart
+from elastic_trainer_plugins.diloco import DiLoCo
 from elastic_trainer_plugins.hot_swap import HotSwap
 from elastic_trainer_plugins.metrics import TensorBoard
 from elastic_trainer_plugins.pause_resume import PauseResume
@@ -237,6 +238,7 @@ ScaleDownConfig = schema_of(ScaleDown)  # +strategy=scale_down
 PauseResumeConfig = schema_of(PauseResume)  # +strategy=pause_resume
 FullRestartConfig = schema_of(FullRestart)  # +strategy=full_restart
 HotSwapConfig = schema_of(HotSwap)  # +strategy=hot_swap
+DiLoCoConfig = schema_of(DiLoCo)  # +strategy=diloco
 ScheduledFailureConfig = schema_of(ScheduledFailure, target=False)  # one entry of chaos.failures; Chaos checks it
 ChaosConfig = schema_of(  # +chaos=schedule, +chaos=random, ...; typed entries, so that a bad one is one sentence
     Chaos, check=check_chaos_settings, types={"failures": list[ScheduledFailureConfig]}
@@ -305,6 +307,7 @@ def register_configs() -> None:
         ("strategy", "pause_resume", PauseResumeConfig),
         ("strategy", "full_restart", FullRestartConfig),
         ("strategy", "hot_swap", HotSwapConfig),
+        ("strategy", "diloco", DiLoCoConfig),
         ("strategy", "fallback", FallbackConfig),
         ("chaos", "chaos", ChaosConfig),
         ("logger", "tensorboard", TensorBoardConfig),

@@ -1,0 +1,107 @@
+"""The ``diloco`` strategy: semi-synchronous training, in which a lost slice stalls no one.
+
+Each slice trains a replica of its own on its share of every step's batch
+for ``inner_steps`` steps, with no collective across slices; then the live
+slices average their progress into one outer step (Nesterov momentum by
+default, DiLoCo's). A slice lost during the inner steps is dropped with its
+replica and the others go on without a pause; its samples since the last
+outer step are counted as skipped. A slice lost during the outer step is
+dropped and the step runs again over the others. A healthy slice is taken
+back in at an outer step, with the outer parameters. The training mode is in
+``diloco_mode.py``; docs/plugins.md, "A semi-synchronous mode: DiLoCo".
+"""
+
+from __future__ import annotations
+
+import optax
+
+import elastic_trainer as et
+from elastic_trainer_plugins.diloco_mode import DiLoCoMode
+
+
+class DiLoCo(et.AbstractStrategy):
+    """DiLoCo (Douillard et al., 2023): inner steps on each slice's own replica, an outer step every
+    ``inner_steps``.
+
+    :param inner_steps: steps between outer steps (DiLoCo's H); the run's last step ends with one too.
+    :param outer_lr: the outer optimizer's learning rate (DiLoCo: 0.7).
+    :param outer_momentum: its momentum (DiLoCo: 0.9; 0: plain SGD).
+    :param nesterov: Nesterov momentum (DiLoCo's).
+    :param min_slice_count: the fewest slices to go on with: a step that would leave fewer fails as a whole,
+        and the run waits up to ``timeout_s`` for that many before it restores the last snapshot or checkpoint.
+    :param timeout_s: that wait (0: stop at once).
+    :param scale_up: take healthy slices back in at the next outer step.
+    :param compile_ahead: compile the outer step for every "one slice fewer" layout in the background (each
+        slice's own program is compiled once, for every layout).
+    :param max_retries: stop after this many failures in a row that took the failure flow (see
+        ``retry_reset_steps``); a dropped replica is not one.
+    :param retry_reset_steps: a failure at least this many steps past the previous one starts that count again.
+    """
+
+    name = "diloco"
+    multi_controller = False  # each process would run its own replica: not built yet
+
+    def __init__(self, inner_steps: int = 10, outer_lr: float = 0.7, outer_momentum: float = 0.9,
+                 nesterov: bool = True, min_slice_count: int = 1, timeout_s: float = 300.0, scale_up: bool = True,
+                 compile_ahead: bool = True, max_retries: int = 10,
+                 retry_reset_steps: int = et.RetryBudget.DEFAULT_RESET_STEPS):
+        for name, value, low in (("inner_steps", inner_steps, 1), ("min_slice_count", min_slice_count, 1)):
+            if value < low:
+                raise et.ConfigError(f"strategy.{name} must be at least {low}, got {value}.")
+        if outer_lr <= 0:
+            raise et.ConfigError(f"strategy.outer_lr must be above 0, got {outer_lr}.")
+        if not 0 <= outer_momentum < 1:
+            raise et.ConfigError(f"strategy.outer_momentum must be at least 0 and below 1, got {outer_momentum}.")
+        if timeout_s < 0:
+            raise et.ConfigError(f"strategy.timeout_s must be at least 0, got {timeout_s}.")
+        self.inner_steps, self.min_slice_count, self.timeout_s = inner_steps, min_slice_count, timeout_s
+        self.outer_lr, self.outer_momentum, self.nesterov = outer_lr, outer_momentum, nesterov
+        self.scale_up, self.compile_ahead = scale_up, compile_ahead
+        self.retries = et.RetryBudget(self.name, max_retries, retry_reset_steps)
+        self._step = 0  # steps completed, as of the last step's end
+
+    @et.hookimpl
+    def et_run_start(self, trainer: et.TrainerView, state: et.TrainState) -> None:
+        """Refuse more slices asked for than the cluster has, and a global batch whose per-slice share does not
+        divide over a slice's devices."""
+        slices = et.mesh_slice_count(trainer.cluster)
+        if self.min_slice_count > slices:
+            raise et.ConfigError(
+                f"strategy.min_slice_count ({self.min_slice_count}) is above the cluster's {slices} slices.")
+        devices = len(trainer.cluster.slice_devices()[0])
+        if trainer.global_batch_size % (slices * devices):
+            raise et.ConfigError(
+                f"trainer.global_batch_size ({trainer.global_batch_size}) must be divisible by the cluster's "
+                f"{slices} slices x {devices} devices: each slice trains its own share, split over its devices.")
+
+    @et.hookimpl
+    def et_training_mode(self, trainer: et.TrainerView) -> DiLoCoMode:
+        """DiLoCo's mode: a replica per slice, and the outer step."""
+        slices = et.mesh_slice_count(trainer.cluster)
+        outer = optax.sgd(self.outer_lr, momentum=self.outer_momentum or None, nesterov=self.nesterov)
+        return DiLoCoMode(inner_steps=self.inner_steps, outer_optimizer=outer, slices=slices, limit=slices,
+                          min_slices=self.min_slice_count)
+
+    @et.hookimpl
+    def et_choose_recovery(self, trainer: et.RunView, failure: et.Failure) -> et.RecoveryPlan:
+        """A failure no replica drop absorbs (too few slices left, or outside a step): wait up to ``timeout_s``
+        for ``min_slice_count`` healthy slices, then go on with every healthy one."""
+        self.retries.spend(failure.step)
+        return et.RecoveryPlan(action="diloco", min_slices=self.min_slice_count, wait_for_min_s=self.timeout_s)
+
+    @et.hookimpl
+    def et_likely_layouts(self, trainer: et.TrainerView) -> list[list[int]]:
+        """Every layout with one slice fewer: where the next dropped replica takes the run."""
+        return et.one_slice_lost(trainer.slices, at_least=self.min_slice_count) if self.compile_ahead else []
+
+    @et.hookimpl
+    def et_step_end(self, step: int) -> None:
+        """Note the steps completed: slices are taken back only at an outer step."""
+        self._step = step
+
+    @et.hookimpl
+    def et_propose_resize(self, trainer: et.TrainerView, healthy_slices: list[int]) -> list[int] | None:
+        """At an outer step (``scale_up``), take back every healthy slice when more are healthy than in use."""
+        if self.scale_up and self._step % self.inner_steps == 0 and len(healthy_slices) > len(trainer.slices):
+            return healthy_slices
+        return None

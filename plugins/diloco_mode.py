@@ -1,0 +1,301 @@
+"""DiLoCo's training mode: each slice trains a replica of its own, and every H steps the live slices average
+their progress into one outer step (Douillard et al., 2023, "DiLoCo: Distributed Low-Communication Training").
+
+The state keeps one row per slice of the layout (its replica: parameters,
+inner optimizer state, step, key and data position), sharded over the mesh's
+slice axis, and the outer parameters and outer optimizer state, a full copy
+on every slice. A step runs one program per slice, on that slice's devices
+alone, over a zero-copy view of its row and of its share of the batch: no
+collective crosses slices, and a slice lost in its program takes only its row
+with it (:meth:`~elastic_trainer.StepMonitor.dropped`). The boundary (the
+outer step) is one program over the layout's mesh: the mean of the replicas'
+parameters, the outer optimizer's step on ``outer - mean``, and the new outer
+parameters copied into every row.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+from collections.abc import Sequence
+from typing import Any
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+from jaxtyping import PyTree
+
+import elastic_trainer as et
+
+
+class DiLoCoState(eqx.Module):
+    """A DiLoCo run's state: a replica per slice, and the outer parameters and their optimizer's state.
+
+    :param replicas: a train state whose every leaf has a leading axis of one row per slice of the layout (in
+        the layout's order), sharded over the slices: row ``r`` is the replica of the layout's ``r``-th slice.
+    :param outer_params: the parameters of the last outer step (its floating-point leaves, as a list).
+    :param outer_opt_state: the outer optimizer's state for them.
+    """
+
+    replicas: et.TrainState
+    outer_params: list
+    outer_opt_state: PyTree
+
+
+def _trained(params: PyTree) -> list:
+    """The floating-point leaves of ``params`` (arrays or shapes): those the outer step averages."""
+    return [p for p in jax.tree.leaves(params) if jnp.issubdtype(p.dtype, jnp.inexact)]
+
+
+@dataclasses.dataclass(eq=False)
+class DiLoCoMode(et.AbstractTrainingMode):
+    """Each slice its own replica for ``inner_steps`` steps, then one outer step over the live slices.
+
+    :param inner_steps: steps between outer steps (DiLoCo's H); the run's last step is an outer step too.
+    :param outer_optimizer: the outer step's optimizer, applied to ``outer - mean(replicas)``.
+    :param slices: the slices of the run's first layout (the rows of :meth:`init`).
+    :param limit: the cluster's slices: each slice's share of a step's batch is the global batch over these.
+    :param min_slices: the fewest slices a step goes on with when others are lost; with fewer, the step fails
+        as a whole and the failure flow takes over (the strategy's plan).
+    """
+
+    name = "diloco"
+    inner_steps: int
+    outer_optimizer: optax.GradientTransformation
+    slices: int
+    limit: int
+    min_slices: int = 1
+    _programs: dict = dataclasses.field(default_factory=dict)  # a slice's devices and batch -> its program
+    _lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)
+
+    def init(self, arrays: et.TrainState) -> DiLoCoState:
+        outer = _trained(arrays.params)
+        return DiLoCoState(replicas=jax.tree.map(lambda a: jnp.stack([a] * self.slices), arrays),
+                           outer_params=outer, outer_opt_state=self.outer_optimizer.init(outer))
+
+    def train_state(self, arrays: DiLoCoState) -> et.TrainState:
+        """The outer parameters in the first replica's train state (its optimizer state, step, key and data
+        position: every replica's step, key and position are the same). After an outer step, and so at the
+        run's end, every replica's parameters are the outer ones."""
+        first = jax.tree.map(lambda a: a[0], arrays.replicas)
+        outer = iter(arrays.outer_params)
+        params = jax.tree.map(lambda p: next(outer) if jnp.issubdtype(p.dtype, jnp.inexact) else p, first.params)
+        return dataclasses.replace(first, params=params)
+
+    def abstract(self, abstract: DiLoCoState, *, slices: int) -> DiLoCoState:
+        rows = jax.tree.map(lambda a: jax.ShapeDtypeStruct((slices, *a.shape[1:]), a.dtype), abstract.replicas)
+        return dataclasses.replace(abstract, replicas=rows)
+
+    def batch_size(self, global_batch_size: int, *, slices: int, limit: int) -> int:
+        """Each slice takes its share of the global batch, whatever the slices left: the global batch over the
+        cluster's slices (a slice's program never changes)."""
+        return global_batch_size // limit * slices
+
+    def boundary_due(self, step: int, *, steps: int) -> bool:
+        return step % self.inner_steps == 0 or step == steps
+
+    def unsynced_from(self, step: int) -> int:
+        return step // self.inner_steps * self.inner_steps
+
+    def move(self, arrays: DiLoCoState, mesh: Mesh, positions: Sequence[int], shardings: DiLoCoState) -> DiLoCoState:
+        """The replicated parts as by default; the rows of the slices at ``positions`` to the same slices of
+        ``shardings``' mesh (no copy), and a new slice a copy of the first kept row (a slice is taken in at an
+        outer step, when every replica's parameters are the outer ones)."""
+        outer = super().move((arrays.outer_params, arrays.outer_opt_state), mesh, positions,
+                             (shardings.outer_params, shardings.outer_opt_state))
+        replicas = jax.tree.map(lambda a, s: _move_rows(a, mesh, positions, s), arrays.replicas, shardings.replicas)
+        return DiLoCoState(replicas, *outer)
+
+    def compile(self, functions: et.StepFunctions, abstract: DiLoCoState, batch: PyTree, mesh: Mesh, *,
+                within_slice: et.WithinSlice) -> tuple[DiLoCoStep, DiLoCoState]:
+        slices = mesh.shape[et.SLICE_AXIS]
+        abstract = self.abstract(abstract, slices=slices)
+        row = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape[1:], a.dtype), abstract.replicas)
+        shardings = DiLoCoState(
+            replicas=jax.tree.map(lambda s: NamedSharding(mesh, PartitionSpec(et.SLICE_AXIS, *s.spec)),
+                                  et.state_shardings(row, mesh, within_slice=within_slice)),
+            outer_params=et.state_shardings(abstract.outer_params, mesh, within_slice=within_slice),
+            outer_opt_state=et.state_shardings(abstract.outer_opt_state, mesh, within_slice=within_slice),
+        )
+        share = jax.tree.map(lambda b: jax.ShapeDtypeStruct((b.shape[0] // slices, *b.shape[1:]), b.dtype), batch)
+        inner = [self._inner_program(functions, row, share, Mesh(mesh.devices[i:i + 1], mesh.axis_names),
+                                     within_slice) for i in range(slices)]
+        outer = _compile_outer(self.outer_optimizer, abstract, shardings)
+        trained = [i for i, p in enumerate(jax.tree.leaves(row.params)) if jnp.issubdtype(p.dtype, jnp.inexact)]
+        return DiLoCoStep(mesh, tuple(inner), outer, len(jax.tree.leaves(row)), tuple(trained),
+                          jax.tree.leaves(shardings.replicas), self.min_slices), shardings
+
+    def _inner_program(self, functions: et.StepFunctions, row: et.TrainState, share: PyTree, mesh: Mesh,
+                       within_slice: et.WithinSlice) -> Any:
+        """One slice's step over its row and its share of the batch, on its own devices (``mesh``, 1 slice), the
+        row donated; compiled once per slice and share, whatever the layout."""
+        key = (tuple(d.id for d in mesh.devices.flat), str(share), within_slice)
+        with self._lock:
+            if key not in self._programs:
+                self._programs[key] = _compile_inner(functions, row, share, mesh, within_slice)
+            return self._programs[key]
+
+
+def _compile_inner(functions: et.StepFunctions, row: et.TrainState, share: PyTree, mesh: Mesh,
+                   within_slice: et.WithinSlice) -> Any:
+    """The inner step of one slice: gradients over its share (averaged over its own devices), then the run's
+    optimizer's update; the step's position moves on by the whole step's batch (``batch_size``)."""
+
+    def inner(rows: list, batch: PyTree, batch_size: jax.Array) -> tuple[list, jax.Array]:
+        leaves = [r[0] for r in rows]
+        gradients, loss = functions.gradients(leaves, batch)
+        return [n[None] for n in functions.update(leaves, gradients, jnp.float32(1.0), batch_size)], loss
+
+    rows = [NamedSharding(mesh, PartitionSpec(et.SLICE_AXIS, *s.spec))
+            for s in jax.tree.leaves(et.state_shardings(row, mesh, within_slice=within_slice))]
+    replicated = NamedSharding(mesh, PartitionSpec())
+    jitted = jax.jit(inner, donate_argnums=0, in_shardings=(rows, et.batch_sharding(mesh), replicated),
+                     out_shardings=(rows, replicated))
+    abstract_rows = [jax.ShapeDtypeStruct((1, *a.shape), a.dtype) for a in jax.tree.leaves(row)]
+    return jitted.lower(abstract_rows, share, jax.ShapeDtypeStruct((), jnp.int32)).compile()
+
+
+def _compile_outer(optimizer: optax.GradientTransformation, abstract: DiLoCoState, shardings: DiLoCoState) -> Any:
+    """The outer step over the layout's mesh: ``outer - mean(replicas)`` as the outer gradient, the outer
+    optimizer's step, and the new outer parameters as every row's. Nothing donated: a slice lost while it runs
+    is dropped, and it runs again over the others."""
+    trained = [i for i, p in enumerate(jax.tree.leaves(abstract.replicas.params))
+               if jnp.issubdtype(p.dtype, jnp.inexact)]
+    opt_structure = jax.tree.structure(abstract.outer_opt_state)
+
+    def outer(rows: list, params: list, opt_leaves: list) -> tuple[list, list, list]:
+        delta = [p - jnp.mean(r, axis=0) for p, r in zip(params, rows, strict=True)]
+        updates, opt_state = optimizer.update(delta, opt_structure.unflatten(opt_leaves), params)
+        new = optax.apply_updates(params, updates)
+        return ([jnp.broadcast_to(n[None], r.shape) for n, r in zip(new, rows, strict=True)], new,
+                jax.tree.leaves(opt_state))
+
+    row_shardings = [jax.tree.leaves(shardings.replicas.params)[i] for i in trained]
+    params_shardings, opt_shardings = jax.tree.leaves(shardings.outer_params), jax.tree.leaves(shardings.outer_opt_state)
+    jitted = jax.jit(outer, in_shardings=(row_shardings, params_shardings, opt_shardings),
+                     out_shardings=(row_shardings, params_shardings, opt_shardings))
+    rows = [jax.tree.leaves(abstract.replicas.params)[i] for i in trained]
+    return jitted.lower(rows, abstract.outer_params, jax.tree.leaves(abstract.outer_opt_state)).compile()
+
+
+def _view(array: jax.Array, rows: Sequence[int], shape: tuple[int, ...]) -> jax.Array:
+    """The shards of ``array`` on ``rows`` of its mesh (slices), as an array of ``shape`` on those slices alone:
+    no copy."""
+    mesh = array.sharding.mesh
+    kept = Mesh(mesh.devices[list(rows)], mesh.axis_names)
+    by_device = {shard.device: shard.data for shard in array.addressable_shards}
+    return jax.make_array_from_single_device_arrays(
+        shape, NamedSharding(kept, array.sharding.spec), [by_device[d] for d in kept.devices.flat if d in by_device])
+
+
+def _row(array: jax.Array, position: int) -> jax.Array:
+    """Row ``position`` of a stacked ``array``, on its slice alone (no copy)."""
+    return _view(array, [position], (1, *array.shape[1:]))
+
+
+def _assemble(parts: Sequence[jax.Array], mesh: Mesh, spec: PartitionSpec) -> jax.Array:
+    """One row per array of ``parts`` (each on one slice of ``mesh``, in its order) as one array over ``mesh``."""
+    by_device = {shard.device: shard.data for part in parts for shard in part.addressable_shards}
+    return jax.make_array_from_single_device_arrays(
+        (len(parts), *parts[0].shape[1:]), NamedSharding(mesh, spec),
+        [by_device[d] for d in mesh.devices.flat if d in by_device])
+
+
+def _move_rows(array: jax.Array, mesh: Mesh, positions: Sequence[int], sharding: NamedSharding) -> jax.Array:
+    """The rows at ``positions`` of ``array`` (over ``mesh``) on ``sharding``'s mesh: a slice there keeps its own
+    row if it was kept, and gets a copy of the first kept row if it is new."""
+    kept = {tuple(mesh.devices[p]): _row(array, p) for p in positions}
+    first = kept[tuple(mesh.devices[positions[0]])]
+    parts = [kept[tuple(devices)] if tuple(devices) in kept else jax.device_put(  # a new slice: a copy of the first
+        first, NamedSharding(Mesh(devices[None], sharding.mesh.axis_names), array.sharding.spec))  # kept row
+        for devices in sharding.mesh.devices]
+    return _assemble(parts, sharding.mesh, sharding.spec)
+
+
+@dataclasses.dataclass(frozen=True)
+class DiLoCoStep:
+    """A layout's DiLoCo step: one program per slice, run one at a time (XLA:CPU deadlocks with several
+    multi-device programs in flight, DESIGN.md §6), and the outer step at the boundary.
+
+    :param mesh: the layout's mesh.
+    :param inner: each slice's program, in the layout's order.
+    :param outer: the outer step's program.
+    :param replica_leaves: how many of the state's leaves are the replicas' (they come first).
+    :param trained: where the parameters averaged by the outer step sit among a replica's leaves.
+    :param row_shardings: the replicas' leaves' shardings on the mesh.
+    :param min_slices: the fewest slices a step may go on with; with fewer, it fails as a whole.
+    """
+
+    mesh: Mesh
+    inner: tuple[Any, ...]
+    outer: Any
+    replica_leaves: int
+    trained: tuple[int, ...]
+    row_shardings: list
+    min_slices: int
+    scalars: dict = dataclasses.field(default_factory=dict)  # (program, batch size) -> the scalar on its devices
+
+    @property
+    def executables(self) -> tuple[Any, ...]:
+        return (*self.inner, self.outer)
+
+    def run(self, leaves: list[jax.Array], batch: PyTree, *, lr_scale: float, batch_size: int,
+            monitor: et.StepMonitor) -> tuple[list[jax.Array], jax.Array]:
+        """Each slice's inner step on its own row and share of ``batch``; a slice lost before or during its
+        program is dropped (its row goes with it) and the others go on. With fewer than ``min_slices`` left, the
+        step fails as a whole (:class:`~elastic_trainer.StepInterrupted`: the failure flow takes over)."""
+        rows, outer = leaves[:self.replica_leaves], leaves[self.replica_leaves:]
+        slices = self.mesh.shape[et.SLICE_AXIS]
+        views = [[_row(a, i) for a in rows] for i in range(slices)]  # all of them before any is donated
+        batch_leaves, structure = jax.tree.flatten(batch)
+        shares = [structure.unflatten([_view(b, [i], (b.shape[0] // slices, *b.shape[1:])) for b in batch_leaves])
+                  for i in range(slices)]
+        made: dict[int, list[jax.Array]] = {}
+        losses, lost, started = [], None, False
+        for i, (slice_id, program) in enumerate(zip(monitor.slices, self.inner, strict=True)):
+            try:
+                monitor.launching([slice_id])
+                new, loss = program(views[i], shares[i], self._size(program, batch_size))
+                if not started:
+                    monitor.dispatched()
+                    monitor.before_update()
+                    started = True
+                monitor.wait([*new, loss], end=True, slices=[slice_id])
+            except et.SliceLostError as error:
+                monitor.dropped([slice_id], error)
+                lost = error
+                continue
+            made[i] = new
+            losses.append(loss)
+        if len(made) < self.min_slices:
+            raise et.StepInterrupted(lost, leaves=None, loss=None)
+        kept = sorted(made)
+        mesh = self.mesh if len(kept) == slices else Mesh(self.mesh.devices[kept], self.mesh.axis_names)
+        new_rows = [_assemble([made[i][j] for i in kept], mesh, self.row_shardings[j].spec)
+                    for j in range(self.replica_leaves)]
+        new_leaves = new_rows + (outer if len(kept) == slices else [_view(a, kept, a.shape) for a in outer])
+        monitor.made(new_leaves)
+        return new_leaves, float(np.mean(jax.device_get(losses)))
+
+    def _size(self, program: Any, batch_size: int) -> jax.Array:
+        """``batch_size`` on ``program``'s devices, put there once."""
+        key = (id(program), batch_size)
+        if key not in self.scalars:
+            self.scalars[key] = jax.device_put(np.int32(batch_size), program.input_shardings[0][2])
+        return self.scalars[key]
+
+    def boundary(self, leaves: list[jax.Array], *, monitor: et.StepMonitor) -> list[jax.Array]:
+        """The outer step over every slice of the layout; the new leaves (the replicas' optimizer states, steps,
+        keys and positions unchanged)."""
+        rows, outer = leaves[:self.replica_leaves], leaves[self.replica_leaves:]
+        trained = len(self.trained)
+        monitor.launching()
+        new_rows, params, opt_state = self.outer([rows[i] for i in self.trained], outer[:trained], outer[trained:])
+        monitor.before_update()
+        monitor.wait([*new_rows, *params, *opt_state], end=True)
+        replaced = dict(zip(self.trained, new_rows, strict=True))
+        return [replaced.get(i, a) for i, a in enumerate(rows)] + params + opt_state
+

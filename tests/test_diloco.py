@@ -1,0 +1,190 @@
+"""The diloco strategy (semi-synchronous training): each slice its own replica and its own programs, an outer step
+every H steps; a lost slice drops its replica and stalls no one; a mid-phase checkpoint resumes exactly."""
+
+import importlib.util
+import os
+import signal
+from pathlib import Path
+
+import jax
+import numpy as np
+import optax
+import pytest
+from test_fault_matrix import named_arrays
+
+import elastic_trainer as et
+from elastic_trainer_plugins.chaos import Chaos
+from elastic_trainer_plugins.diloco import DiLoCo
+
+
+def diloco_run(tiny_trainer_kwargs, *plugins, inner_steps=10, **overrides):
+    """A run of the diloco strategy on 4 simulated slices of 2 devices: the trainer (after ``fit``), the train
+    state ``fit`` returned, and the report."""
+    strategy = overrides.pop("strategy", None) or DiLoCo(inner_steps=inner_steps)
+    trainer = et.Trainer(**tiny_trainer_kwargs(strategy=strategy, plugins=list(plugins), **overrides))
+    state, report = trainer.fit()
+    return trainer, state, report
+
+
+def test_one_inner_step_of_sgd_and_an_outer_sgd_step_of_1_is_synchronous_sgd(tiny_trainer_kwargs):
+    """With H = 1, an inner SGD step per replica and an outer SGD step of learning rate 1 without momentum, the
+    outer parameters are the mean of the replicas' after one SGD step each on its share: synchronous SGD on the
+    global batch, up to the order of the reductions."""
+    plain = DiLoCo(inner_steps=1, outer_lr=1.0, outer_momentum=0.0, nesterov=False)
+    _, state, report = diloco_run(tiny_trainer_kwargs, strategy=plain, optimizer=optax.sgd(0.1), steps=3)
+    synchronous, _ = et.Trainer(**tiny_trainer_kwargs(optimizer=optax.sgd(0.1), steps=3)).fit()
+    assert report["training_mode"] == "diloco" and report["samples"]["consumed"] == 3 * 16
+    for name, array in named_arrays(synchronous.params).items():
+        np.testing.assert_allclose(named_arrays(state.params)[name], array, rtol=1e-5, atol=1e-6, err_msg=name)
+
+
+def test_each_slice_runs_its_own_program_and_only_the_outer_step_crosses_slices(tiny_trainer_kwargs):
+    trainer, _, _ = diloco_run(tiny_trainer_kwargs, steps=2)
+    compiled = trainer._ctx.layouts.make(trainer.slices).compiled
+    slice_devices = [set(devices) for devices in trainer.cluster.slice_devices()]
+    *inner, outer = compiled.executables
+    assert [set(program.input_shardings[0][1].device_set) for program in inner] == slice_devices
+    assert set(outer.input_shardings[0][0][0].device_set) == set().union(*slice_devices)
+    assert "all-reduce" in outer.as_text()  # the mean over the replicas
+    assert not any("all-reduce" in program.as_text() and "replica_groups={{0,1,2,3,4,5,6,7}}" in program.as_text()
+                   for program in inner)
+
+
+def test_replicas_drift_apart_in_a_phase_and_hold_the_outer_parameters_after_the_last_outer_step(
+        tiny_trainer_kwargs, tmp_path):
+    """A checkpoint mid-phase holds four replicas, each trained on its own share; after the run's last step (an
+    outer step) every replica's parameters are the outer ones."""
+    trainer, _, report = diloco_run(tiny_trainer_kwargs, inner_steps=4, steps=6,
+                                    checkpointer=et.Checkpointer(tmp_path, period=3))
+    assert report["samples"] == {"consumed": 6 * 16, "duplicated": 0, "skipped": 0}
+    mid_phase = trainer.checkpointer.restore(3, trainer.mode_state)  # every slice's row as of step 3
+    rows = named_arrays(mid_phase[0].replicas.params)
+    assert all(not np.array_equal(rows[name][0], rows[name][1]) for name in rows if rows[name].dtype.kind == "f")
+    final = trainer.mode_state
+    outer = iter(final.outer_params)
+    for name, row in named_arrays(final.replicas.params).items():
+        if row.dtype.kind == "f":
+            expected = np.asarray(next(outer))
+            for replica in row:
+                np.testing.assert_array_equal(replica, expected, err_msg=name)
+
+
+def test_slice_2_lost_for_good_at_step_35_drops_its_replica_and_stalls_no_one(tiny_trainer_kwargs):
+    """Issue 35's first acceptance: 4 slices, H = 10, slice 2 lost at step 35 for good. The run finishes on 3
+    slices with no detection, wait, restore or compile on the others' path, and every sample is trained once or
+    skipped (slice 2's share of steps 30 to 35)."""
+    chaos = Chaos(failures=[{"at_step": 35, "slice": 2, "down_for_s": 1e9}])
+    trainer, _, report = diloco_run(tiny_trainer_kwargs, chaos, steps=60)
+    assert report["steps_completed"] == 60
+    [failure] = report["failures"]
+    assert (failure["step"], failure["slices"], failure["action"], failure["lost_steps"],
+            failure["samples_skipped"], failure["slices_after"]) == (35, [2], "drop_replica", 0, 6 * 4, 3)
+    assert [event["event"] for event in et.report_events(report)] == ["failure", "resize"]  # no recovery event
+    assert {k: report["badput_s"][k] for k in ("detection", "waiting_for_slices", "checkpoint_restore")} == {
+        "detection": 0.0, "waiting_for_slices": 0.0, "checkpoint_restore": 0.0}
+    records = report["compile_cache"]["layouts"]
+    assert [r["slices"] for r in records if not r["ahead"]] == [[0, 1, 2, 3]]  # [0, 1, 3] was compiled ahead
+    assert report["resizes"][0]["compile_cached"] and report["resizes"][0]["reason"] == "replica_dropped"
+    stream = 36 * 16 + 24 * 12  # steps 0 to 35 on 4 slices' shares, then 3
+    assert report["data_position"] == stream
+    assert report["samples"] == {"consumed": stream - 24, "duplicated": 0, "skipped": 24}
+    assert trainer.slices == (0, 1, 3)
+    rows = jax.tree.leaves(trainer.mode_state.replicas.params)
+    assert rows[0].shape[0] == 3 and all(np.isfinite(np.asarray(row)).all() for row in rows)
+
+
+def test_a_slice_lost_during_the_outer_step_is_dropped_and_the_outer_step_runs_over_the_others(tiny_trainer_kwargs):
+    """Slice 1 lost while the outer step after step 4 runs: the outer step runs again over slices 0, 2 and 3,
+    whose replicas are as they were, so the run ends bit-identical to one that lost slice 1 as step 4 started
+    (the same three replicas trained the same steps on the same shares, and slice 1's progress of the phase is
+    skipped in both)."""
+    during = Chaos(failures=[{"at_step": 3, "slice": 1, "phase": "boundary"}])
+    trainer, _, report = diloco_run(tiny_trainer_kwargs, during, inner_steps=4, steps=6)
+    before = Chaos(failures=[{"at_step": 3, "slice": 1}])
+    expected, _, expected_report = diloco_run(tiny_trainer_kwargs, before, inner_steps=4, steps=6)
+    [failure], [other] = report["failures"], expected_report["failures"]
+    assert (failure["step"], failure["phase"], failure["action"], failure["samples_skipped"]) == (
+        3, "boundary", "drop_replica", 4 * 4)
+    assert (other["phase"], other["samples_skipped"]) == ("train_step", 4 * 4)
+    assert report["samples"] == expected_report["samples"] == {"consumed": 4 * 12 + 2 * 12, "duplicated": 0,
+                                                               "skipped": 16}
+    for name, array in named_arrays(expected.mode_state).items():
+        np.testing.assert_array_equal(named_arrays(trainer.mode_state)[name], array, err_msg=name)
+
+
+def test_a_slice_back_is_taken_in_at_the_next_outer_step_with_the_outer_parameters(tiny_trainer_kwargs):
+    chaos = Chaos(failures=[{"at_step": 5, "slice": 1, "down_for_s": 0.0}])
+    trainer, _, report = diloco_run(tiny_trainer_kwargs, chaos, inner_steps=4, steps=12)
+    assert [(r["step"], r["reason"], r["slices"]) for r in report["resizes"]] == [
+        (5, "replica_dropped", [0, 2, 3]), (8, "scale_up", [0, 1, 2, 3])]
+    stream = 6 * 16 + 2 * 12 + 4 * 16  # steps 0 to 5 on 4 slices, 6 and 7 on 3, then 4 again
+    assert report["samples"] == {"consumed": stream - 2 * 4, "duplicated": 0, "skipped": 2 * 4}  # slice 1, steps 4, 5
+    outer = np.asarray(trainer.mode_state.outer_params[0])
+    assert all(np.array_equal(row, outer) for row in np.asarray(jax.tree.leaves(trainer.mode_state.replicas.params)[0]))
+
+
+def test_a_resume_from_a_checkpoint_taken_mid_phase_ends_as_an_uninterrupted_run(tiny_trainer_kwargs, tmp_path):
+    """A run stopped (SIGTERM) after step 6 of a 4-step phase, its checkpoint resumed to step 10: every array of
+    the mode's state (the outer step's momentum and each replica's optimizer state) as an uninterrupted run's."""
+    uninterrupted, _, _ = diloco_run(tiny_trainer_kwargs, inner_steps=4, steps=10)
+
+    class StopAfterStep6:
+        @et.hookimpl
+        def et_step_end(self, step):
+            if step == 6:
+                os.kill(os.getpid(), signal.SIGTERM)  # stops at the boundary after step 6, saved
+
+    with pytest.raises(et.Preempted):
+        diloco_run(tiny_trainer_kwargs, StopAfterStep6(), inner_steps=4, steps=10,
+                   checkpointer=et.Checkpointer(tmp_path, period=100))
+    resumed, _, report = diloco_run(tiny_trainer_kwargs, inner_steps=4, steps=10,
+                                 checkpointer=et.Checkpointer(tmp_path, period=100), resume=True)
+    assert report["samples"] == {"consumed": 4 * 16, "duplicated": 0, "skipped": 0}
+    for name, array in named_arrays(uninterrupted.mode_state).items():
+        np.testing.assert_array_equal(named_arrays(resumed.mode_state)[name], array, err_msg=name)
+
+
+@pytest.mark.parametrize(("settings", "message"), [
+    ({"inner_steps": 0}, r"strategy.inner_steps must be at least 1, got 0\."),
+    ({"outer_momentum": 1.0}, r"strategy.outer_momentum must be at least 0 and below 1, got 1.0\."),
+    ({"outer_lr": 0.0}, r"strategy.outer_lr must be above 0, got 0.0\."),
+])
+def test_bad_values_are_one_sentence(settings, message):
+    with pytest.raises(et.ConfigError, match=message):
+        DiLoCo(**settings)
+
+
+def test_a_batch_that_does_not_split_over_every_slice_is_refused_before_anything_compiles(tiny_trainer_kwargs):
+    with pytest.raises(et.ConfigError, match=r"global_batch_size \(12\) must be divisible by the cluster's 4 slices "
+                                             r"x 2 devices"):
+        diloco_run(tiny_trainer_kwargs, global_batch_size=12)
+
+
+def load_benchmark():
+    """``benchmarks/diloco.py`` as a module."""
+    path = Path(__file__).parents[1] / "benchmarks" / "diloco.py"
+    spec = importlib.util.spec_from_file_location("diloco_benchmark", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_benchmark_counts_only_collectives_that_cross_slices_and_writes_its_table_and_plot(
+        tiny_trainer_kwargs, tmp_path):
+    benchmark = load_benchmark()
+    trainer, _, _ = diloco_run(tiny_trainer_kwargs, steps=1)
+    slice_of = {d.id: s for s, devices in enumerate(trainer.cluster.slice_devices()) for d in devices}
+    *inner, outer = trainer._state.layout.compiled.executables
+    assert benchmark.cross_slice_collectives(inner, slice_of) == 0
+    assert benchmark.cross_slice_collectives([outer], slice_of) >= 1
+    synchronous = et.Trainer(**tiny_trainer_kwargs(steps=1))
+    synchronous.fit()
+    assert benchmark.cross_slice_collectives(synchronous._state.layout.compiled.executables, slice_of) >= 1
+    rows = [{"strategy": name, "schedule": "one_lost", "steps": 3, "eval_loss": loss, "final_train_loss": loss,
+             "consumed": 120, "skipped": 4, "failures": 1, "goodput": 0.8, "wall_s": 2.0, "pause_s": 0.1,
+             "step_s": 0.05, "cross_slice_per_step": per_step, "losses": [3.0, 2.5, 2.0], "samples_read": [48, 96, 132]}
+            for name, loss, per_step in (("scale_down", 2.0, 1.0), ("diloco H=10", 2.1, 0.1))]
+    lines = benchmark.table(rows).splitlines()
+    assert len(lines) == 4 and lines[3].startswith("| one_lost | diloco H=10 | 2.100 | 120 (4) | 1 |")
+    benchmark.plot(rows, tmp_path / "loss.png")
+    assert (tmp_path / "loss.png").stat().st_size > 10_000
