@@ -318,12 +318,13 @@ class StepHistory:
         self._on_device = [s for s in self._on_device if s < to_step]
         return sum(self.seconds.pop(s) for s in [s for s in self.seconds if s >= to_step])
 
-    def drop_slice(self, dropped: int, *, since: int) -> tuple[int, float]:
-        """Slice ``dropped``'s training of the committed steps from ``since`` on is lost (its replica was dropped):
-        its share of their samples is skipped. Returns how many samples that is, and its share of those steps'
-        time (goodput it no longer is)."""
+    def drop_slice(self, dropped: int, *, since: int, until: int | None = None) -> tuple[int, float]:
+        """Slice ``dropped``'s training of the committed steps from ``since`` on (to ``until``, excluded) is lost
+        (its replica was dropped): its share of their samples is skipped. Returns how many samples that is, and
+        its share of those steps' time (goodput it no longer is)."""
         skipped, seconds = 0, 0.0
-        for step in sorted(s for s in self.slices if s >= since and dropped in self.slices[s]):
+        last = max(self.slices, default=-1) + 1 if until is None else until
+        for step in sorted(s for s in self.slices if since <= s < last and dropped in self.slices[s]):
             slices, ids = self.slices[step], self.ledger.ids_of(step)
             share = len(ids) // len(slices)  # the batch is split over the slices in order, one share each
             position = slices.index(dropped)

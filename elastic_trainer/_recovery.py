@@ -270,11 +270,12 @@ def _recover_from(ctx: TrainingContext, failure: Failure, index: int, error: Exc
         raise TrainingStopped(f"{plan.action}: {bad_layout}") from error
     remesh_s = time.time() - begin - new.compile_s
     begin = time.time()
-    arrays, source, restored_step = restore(ctx, arrays, old, survivors, new, step=step, consumed=state.consumed)
+    arrays, source, restored_step, carried = restore(ctx, arrays, old, survivors, new, step=step,
+                                                     consumed=state.consumed)
     record = ctx.failures.amend(
         index, compile_s=new.compile_s, compile_cached=new.compile_cached, remesh_s=remesh_s,
         restore_s=time.time() - begin, restored_from=source, lost_steps=step - restored_step,
-        slices_after=len(new.slices),
+        slices_after=len(new.slices), samples_skipped=skip_what_no_state_holds(ctx, carried, restored_step) or None,
     )
     ctx.layouts.record_resize(step, old, new, reason="failure", seconds=remesh_s + record.compile_s + record.restore_s)
     train = ctx.train_state(arrays)
@@ -302,17 +303,34 @@ def gone_slices(state: LoopState, lost: Sequence[int]) -> tuple[int, ...]:
 def restore(
     ctx: TrainingContext, arrays: PyTree, old: Layout, survivors: Sequence[int], new: Layout, *, step: int,
     consumed: bool = False,
-) -> tuple[PyTree, RestoredFrom, int]:
+) -> tuple[PyTree, RestoredFrom, int, tuple[int, ...] | None]:
     """The state on ``new``, from the first source of the restore policy that holds one (``_restore_sources.py``:
     a surviving replica, else the host snapshot, else the newest readable checkpoint; ``consumed``: the failed
     step had taken the state from every slice).
 
-    Returns the arrays, where they came from, and the step they hold.
+    Returns the arrays, where they came from, the step they hold, and the slices whose training they carry.
     """
     request = RestoreRequest(arrays, old, survivors, new, step=step, since=ctx.cluster.incarnations(),
                              consumed=consumed)  # the restore must not outlive a slice it writes to
     restored = restore_from_best(ctx, request)
-    return restored.arrays, restored.source, restored.step
+    return restored.arrays, restored.source, restored.step, restored.carried
+
+
+def skip_what_no_state_holds(ctx: TrainingContext, carried: Sequence[int] | None, step: int) -> int:
+    """After a restore of step ``step`` that carries the training of the slices ``carried``: the other slices'
+    samples since their last sync (:meth:`AbstractTrainingMode.unsynced_from`), before ``step``, are skipped, and
+    their time is wasted progress. Nothing in a mode whose every slice holds the whole state. Returns the samples
+    skipped."""
+    if carried is None:
+        return 0
+    since = ctx.mode.unsynced_from(step)
+    trained = {s for t, slices in ctx.history.slices.items() if since <= t < step for s in slices}
+    skipped = 0
+    for lost in sorted(trained - set(carried)):
+        samples, seconds = ctx.history.drop_slice(lost, since=since, until=step)
+        ctx.clock.reclassify_productive(seconds)
+        skipped += samples
+    return skipped
 
 
 def restart(ctx: TrainingContext, index: int, state: LoopState, *, error: Exception) -> NoReturn:

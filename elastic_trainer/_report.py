@@ -90,7 +90,7 @@ def summary_table(report: dict[str, Any]) -> Table:
             table.add_row(f"  {category}", f"{seconds:6.1f} s  {'#' * round(30 * share):<30} {share:.1%}")
     for failure in report["failures"]:
         recovered = "not recovered" if failure["recovery_s"] is None else f"recovered in {failure['recovery_s']:.1f} s"
-        if "samples_skipped" in failure:  # a dropped replica: the others went on, nothing was restored
+        if failure["action"] == "drop_replica":  # the others went on, nothing was restored
             outcome = f"the others went on, its {failure['samples_skipped']} samples since the last sync skipped"
         else:
             outcome = f"from {failure['restored_from']}, {failure['lost_steps']} steps lost, {recovered}"

@@ -25,6 +25,7 @@ from jaxtyping import PyTree
 from ._failures import TrainingStopped
 from .clusters import SyncCall
 from .clusters.multicontroller._rejoin import compile_from_peers
+from ._mesh import replicated
 from ._records import Layout, RestoredFrom
 from .checkpoints._run_checkpoints import NoReadableCheckpoint
 
@@ -59,11 +60,14 @@ class RestoreRequest:
 
 @dataclasses.dataclass(frozen=True)
 class Restored:
-    """A restored state: its arrays on the new layout, their source, and the step they hold."""
+    """A restored state: its arrays on the new layout, their source, the step they hold, and the slices of the
+    state it came from whose training it carries (:meth:`AbstractTrainingMode.rows_onto`; ``None``: a rejoin's,
+    which loses nothing)."""
 
     arrays: PyTree
     source: RestoredFrom
     step: int
+    carried: tuple[int, ...] | None = None
 
 
 class RestoreSource(abc.ABC):
@@ -90,20 +94,21 @@ class _InMemorySource(RestoreSource):
         step = self._step(ctx, request)
         ctx.hooks.et_before_restore(trainer=ctx.view, step=step, source=self.name)
         with ctx.clock.measure(self.measured_as):
-            arrays = jax.device_put(self._arrays(ctx, request), request.new.shardings)
+            held, carried = self._arrays(ctx, request)
+            arrays = jax.device_put(held, request.new.shardings)
             jax.block_until_ready(arrays)
             ctx.cluster.synchronize(SyncCall.MEMORY_RESTORE, request.new.slices, since=request.since)
         ctx.hooks.et_after_restore(trainer=ctx.view, step=step, source=self.name,
                                    state=ctx.train_state(arrays))
-        return Restored(arrays, self.name, step)
+        return Restored(arrays, self.name, step, carried)
 
     @abc.abstractmethod
     def _step(self, ctx: TrainingContext, request: RestoreRequest) -> int:
         """The step the held state is of."""
 
     @abc.abstractmethod
-    def _arrays(self, ctx: TrainingContext, request: RestoreRequest) -> PyTree:
-        """The held state."""
+    def _arrays(self, ctx: TrainingContext, request: RestoreRequest) -> tuple[PyTree, tuple[int, ...]]:
+        """The held state for ``request.new``'s slices, and the slices whose training it carries."""
 
 
 class Replica(_InMemorySource):
@@ -117,9 +122,10 @@ class Replica(_InMemorySource):
     def _step(self, ctx: TrainingContext, request: RestoreRequest) -> int:
         return request.step
 
-    def _arrays(self, ctx: TrainingContext, request: RestoreRequest) -> PyTree:
+    def _arrays(self, ctx: TrainingContext, request: RestoreRequest) -> tuple[PyTree, tuple[int, ...]]:
         positions = [request.old.slices.index(s) for s in request.survivors]
-        return ctx.mode.move(request.arrays, request.old.mesh, positions, request.new.shardings)
+        return ctx.mode.move(request.arrays, request.old.mesh, positions, request.new.shardings), tuple(
+            request.survivors)
 
 
 class Snapshot(_InMemorySource):
@@ -133,8 +139,9 @@ class Snapshot(_InMemorySource):
     def _step(self, ctx: TrainingContext, request: RestoreRequest) -> int:
         return ctx.snapshots.latest.step
 
-    def _arrays(self, ctx: TrainingContext, request: RestoreRequest) -> PyTree:
-        return ctx.snapshots.latest.arrays
+    def _arrays(self, ctx: TrainingContext, request: RestoreRequest) -> tuple[PyTree, tuple[int, ...]]:
+        snapshot = ctx.snapshots.latest
+        return ctx.mode.rows_onto(snapshot.arrays, snapshot.slices, request.new.slices)
 
 
 class Checkpoint(RestoreSource):
@@ -146,15 +153,36 @@ class Checkpoint(RestoreSource):
         return ctx.checkpoints is not None and ctx.checkpoints.checkpointer.latest_step() is not None
 
     def restore(self, ctx: TrainingContext, request: RestoreRequest) -> Restored:
-        target = jax.tree.map(lambda a, sharding: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sharding),
-                              ctx.mode.abstract(ctx.abstract, slices=len(request.new.slices)), request.new.shardings)
         with ctx.clock.measure("checkpoint_restore"):
             try:
-                arrays, step = ctx.checkpoints.restore_newest(target, slices=request.new.slices, since=request.since)
+                arrays, step, carried = checkpoint_onto(ctx, request.new, since=request.since)
             except NoReadableCheckpoint as none:
                 raise TrainingStopped(f"{_nothing_survived(request)} and no checkpoint is readable"
                                       f"{none.unreadable}.") from None
-        return Restored(arrays, self.name, step)
+        return Restored(arrays, self.name, step, carried)
+
+
+def checkpoint_onto(ctx: TrainingContext, layout: Layout, *, since: tuple[int, ...]
+                    ) -> tuple[PyTree, int, tuple[int, ...]]:
+    """The newest readable checkpoint on ``layout``: its arrays, its step, and the slices it was saved on whose
+    training the state carries there.
+
+    Read onto ``layout``'s shardings when the mode's state has the same
+    shapes for the slices it was saved on as for ``layout``'s (always, for a
+    mode whose every slice holds all of it); else read whole onto every
+    device, and the mode makes it ``layout``'s (:meth:`AbstractTrainingMode.rows_onto`).
+    """
+    wanted = ctx.mode.abstract(ctx.abstract, slices=len(layout.slices))
+
+    def target(saved_on: Sequence[int]) -> PyTree:
+        saved = ctx.mode.abstract(ctx.abstract, slices=len(saved_on))
+        same = all(a.shape == b.shape for a, b in zip(jax.tree.leaves(saved), jax.tree.leaves(wanted), strict=True))
+        shardings = layout.shardings if same else jax.tree.map(lambda _: replicated(layout.mesh), saved)
+        return jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), saved, shardings)
+
+    arrays, step, saved_on = ctx.checkpoints.restore_newest(target, slices=layout.slices, since=since)
+    arrays, carried = ctx.mode.rows_onto(arrays, saved_on, layout.slices)
+    return jax.device_put(arrays, layout.shardings), step, carried
 
 
 class Peer(RestoreSource):

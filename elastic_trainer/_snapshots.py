@@ -15,11 +15,13 @@ runs loses at most this many steps less one, for a copy of the state to host mem
 
 
 class Snapshot(NamedTuple):
-    """The state after step ``step``, as host arrays: its leaves, and the structure that makes them a state."""
+    """The state after step ``step``, as host arrays: its leaves, the structure that makes them a state, and the
+    slices it was taken on (whose parts it holds, for a training mode whose slices each keep one)."""
 
     step: int
     leaves: list[np.ndarray]
     structure: Any
+    slices: tuple[int, ...]
 
     @property
     def arrays(self) -> PyTree:
@@ -54,7 +56,8 @@ class HostSnapshots:
         self.latest: Snapshot | None = None
         """The newest snapshot, or ``None``."""
 
-    def take(self, step: int, leaves: list[jax.Array]) -> None:
-        """After step ``step``: copy the state's ``leaves`` to host memory if ``step`` is a snapshot step."""
+    def take(self, step: int, leaves: list[jax.Array], *, slices: tuple[int, ...]) -> None:
+        """After step ``step``: copy the state's ``leaves`` (on ``slices``) to host memory if ``step`` is a
+        snapshot step."""
         if self.period and step % self.period == 0:
-            self.latest = Snapshot(step, [host_copy(leaf) for leaf in leaves], self._structure)
+            self.latest = Snapshot(step, [host_copy(leaf) for leaf in leaves], self._structure, slices)

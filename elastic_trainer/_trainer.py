@@ -33,6 +33,7 @@ from ._records import FailureLog, LoopState
 from ._report import run_report
 from ._recovery import TrainingContext, finish_recovery, survive
 from ._replica_drops import drop_replicas
+from ._restore_sources import checkpoint_onto
 from .checkpoints._run_checkpoints import NoReadableCheckpoint
 from ._run_lock import hold_run_locks
 from .config._settings import check_trainer_settings
@@ -106,7 +107,7 @@ def _commit(trainer: Trainer, state: LoopState, done: StepResult, *, interrupted
         timed = isinstance(trainer.cluster, AbstractTimedCluster)
         ctx.stragglers.observe(step + 1, trainer.cluster.slice_step_seconds() if timed else {})
         ctx.layouts.compile_likely(layout)  # once per layout: for a new one (a recovery's, a resize's), now
-        ctx.snapshots.take(step + 1, done.leaves)
+        ctx.snapshots.take(step + 1, done.leaves, slices=layout.slices)
     return committed
 
 
@@ -350,7 +351,7 @@ class Trainer:
             with clock.measure("startup"):
                 self.cluster.synchronize(SyncCall.RUN_START, layout.slices, since=incarnations)  # all ready
                 if not self.resume:  # the first snapshot: a step that fails before the first period ends starts over
-                    ctx.snapshots.take(0, jax.tree.leaves(arrays))
+                    ctx.snapshots.take(0, jax.tree.leaves(arrays), slices=layout.slices)
             resume_from = self.checkpointer.latest_step() if self.resume else None
             self._state = LoopState(arrays, layout, step=resume_from or 0, position=0, incarnations=incarnations,
                                     whole=not self.resume)
@@ -418,8 +419,7 @@ class Trainer:
         ctx = self._ctx
         try:
             with ctx.clock.measure("checkpoint_restore"):
-                arrays, step = ctx.checkpoints.restore_newest(state.arrays, slices=state.layout.slices,
-                                                              since=state.incarnations)
+                arrays, step, _ = checkpoint_onto(ctx, state.layout, since=state.incarnations)
         except NoReadableCheckpoint as none:
             raise ConfigError(
                 f"checkpoint.resume is set but {self.checkpointer.directory} holds no complete, readable checkpoint"

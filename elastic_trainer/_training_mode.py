@@ -66,6 +66,14 @@ class AbstractTrainingMode(abc.ABC):
         (:func:`spread`)."""
         return spread(keep_slices(arrays, mesh, positions), shardings)
 
+    def rows_onto(self, arrays: PyTree, from_slices: Sequence[int], to_slices: Sequence[int]
+                  ) -> tuple[PyTree, tuple[int, ...]]:
+        """The state held for ``from_slices`` (host arrays, or arrays on no layout: a snapshot, a checkpoint read)
+        as the state for ``to_slices``, and the slices of ``from_slices`` whose training it carries (the others'
+        samples since their last sync are skipped). By default every slice holds all of it: the same state, and
+        every slice's."""
+        return arrays, tuple(from_slices)
+
     def batch_size(self, global_batch_size: int, *, slices: int, limit: int) -> int | None:
         """The samples one step takes on a layout of ``slices`` of the cluster's ``limit`` slices; ``None``
         (the default): ``global_batch_size``, or what a recovery plan's batch policy makes of it."""

@@ -100,6 +100,17 @@ class DiLoCoMode(et.AbstractTrainingMode):
     def unsynced_from(self, step: int) -> int:
         return step // self.inner_steps * self.inner_steps
 
+    def rows_onto(self, arrays: DiLoCoState, from_slices: Sequence[int], to_slices: Sequence[int]
+                  ) -> tuple[DiLoCoState, tuple[int, ...]]:
+        """Each slice of ``to_slices`` that ``from_slices`` held keeps its row, and a new one gets a copy of the
+        first kept row (of the first row held, when none is kept); the outer parts as they are. The training it
+        carries is the kept slices' (or that first one's)."""
+        kept = [s for s in to_slices if s in from_slices]
+        source = kept[0] if kept else from_slices[0]
+        rows = np.asarray([list(from_slices).index(s if s in from_slices else source) for s in to_slices])
+        return dataclasses.replace(arrays, replicas=jax.tree.map(lambda a: a[rows], arrays.replicas)), tuple(
+            kept or [source])
+
     def move(self, arrays: DiLoCoState, mesh: Mesh, positions: Sequence[int], shardings: DiLoCoState) -> DiLoCoState:
         """The replicated parts as by default; the rows of the slices at ``positions`` to the same slices of
         ``shardings``' mesh (no copy), and a new slice a copy of the first kept row (a slice is taken in at an

@@ -33,6 +33,11 @@ class Fallback(et.AbstractStrategy):
                 f"strategy.strategies: {type(others[0]).__name__} is not an et.AbstractStrategy; a fallback chain "
                 "takes strategies derived from it (docs/plugins.md, \"Two kinds of plugin\")."
             )
+        if modal := [s for s in strategies if hasattr(s, "et_training_mode")]:
+            raise et.ConfigError(
+                f"strategy.strategies: {modal[0].name} chooses how every step trains (et_training_mode) and cannot "
+                "be one strategy of a fallback chain; select it alone."
+            )
         self.strategies = list(strategies)
         self.name = "->".join(s.name for s in self.strategies)
         restarting = [s for s in self.strategies if et.restarts_process(s)]

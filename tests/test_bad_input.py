@@ -226,8 +226,8 @@ BAD_VALUES = [
     ("chaos/chaos.failures[].slice", ["+chaos=schedule", "chaos.failures=[{at_step: 1, slice: 9}]"],
      "chaos failure at step 1 names slice 9, but the cluster has slices 0 to 3."),
     ("chaos/chaos.failures[].phase", ["+chaos=schedule", "chaos.failures=[{at_step: 1, slice: 0, phase: lunch}]"],
-     "chaos failure phase must be one of ('train_step', 'update', 'checkpoint_save', 'checkpoint_restore', 'recovery'), "
-     "got 'lunch'."),
+     "chaos failure phase must be one of ('train_step', 'update', 'boundary', 'checkpoint_save', 'checkpoint_restore', "
+     "'recovery'), got 'lunch'."),
     ("chaos/chaos.failures[].down_for_s", ["+chaos=schedule", "chaos.failures=[{at_step: 1, slice: 0, down_for_s: -1}]"],
      "chaos failure ScheduledFailure(at_step=1, slice=0, phase='train_step', down_for_s=-1.0"),
     ("chaos/chaos.failures[].process", ["+chaos=schedule", "chaos.failures=[{at_step: 1, slice: 0, process: -1}]"],

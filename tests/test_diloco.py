@@ -15,6 +15,8 @@ from test_fault_matrix import named_arrays
 import elastic_trainer as et
 from elastic_trainer_plugins.chaos import Chaos
 from elastic_trainer_plugins.diloco import DiLoCo
+from elastic_trainer_plugins.fallback import Fallback
+from elastic_trainer_plugins.scale_down import ScaleDown
 
 
 def diloco_run(tiny_trainer_kwargs, *plugins, inner_steps=10, **overrides):
@@ -112,6 +114,50 @@ def test_a_slice_lost_during_the_outer_step_is_dropped_and_the_outer_step_runs_o
         np.testing.assert_array_equal(named_arrays(trainer.mode_state)[name], array, err_msg=name)
 
 
+class StopAfter:
+    """Stops a run (SIGTERM) at the boundary after step ``step``, where it saves a checkpoint."""
+
+    def __init__(self, step):
+        self.step = step
+
+    @et.hookimpl
+    def et_step_end(self, step):
+        if step == self.step:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+
+@pytest.mark.parametrize("source", ["snapshot", "checkpoint"])
+def test_every_slice_lost_restores_onto_the_slices_back_as_a_resume_onto_those_slices_does(
+        tiny_trainer_kwargs, tmp_path, source):
+    """Every slice lost as step 6 starts; slices 0 and 1 come back, 2 and 3 do not. The state of step 3 (a host
+    snapshot, or a checkpoint: four replicas, mid-phase) is restored onto slices 0 and 1: their own replicas, and
+    slices 2 and 3's samples of steps 0 to 2 (their replicas' progress since the last outer step, which no state
+    holds any more) skipped. A run stopped after step 3 and resumed from its checkpoint on a cluster of those two
+    slices (the same devices, the same share of each batch) ends with the same arrays."""
+    saved = ({"snapshot_period": 3} if source == "snapshot" else
+             {"snapshot_period": 0, "checkpointer": et.Checkpointer(tmp_path / "run", period=3)})
+    everything = Chaos(failures=[{"at_step": 5, "slice": s, "down_for_s": 0.3 if s < 2 else 1e9} for s in range(4)])
+    trainer, _, report = diloco_run(tiny_trainer_kwargs, everything, steps=8,
+                                    strategy=DiLoCo(inner_steps=4, min_slice_count=2, timeout_s=30), **saved)
+    [failure] = report["failures"]
+    assert (failure["step"], failure["restored_from"], failure["lost_steps"], failure["slices_after"],
+            failure["samples_skipped"]) == (5, source, 2, 2, 2 * 3 * 4)
+    stream = 3 * 16 + 5 * 8  # steps 0 to 2 on 4 slices, then 3 to 7 on 2
+    assert report["samples"] == {"consumed": stream - 24, "duplicated": 0, "skipped": 24}
+    assert trainer.slices == (0, 1)
+
+    with pytest.raises(et.Preempted):
+        diloco_run(tiny_trainer_kwargs, StopAfter(3), inner_steps=4, steps=8,
+                   checkpointer=et.Checkpointer(tmp_path / "stopped", period=100))
+    two_slices = {"cluster": et.SimulatedCluster(slices=2, devices_per_slice=2), "global_batch_size": 8}
+    resumed, _, resumed_report = diloco_run(tiny_trainer_kwargs, inner_steps=4, steps=8, resume=True,
+                                            checkpointer=et.Checkpointer(tmp_path / "stopped", period=100),
+                                            **two_slices)
+    assert resumed_report["samples"] == {"consumed": 5 * 8, "duplicated": 0, "skipped": 0}
+    for name, array in named_arrays(resumed.mode_state).items():
+        np.testing.assert_array_equal(named_arrays(trainer.mode_state)[name], array, err_msg=name)
+
+
 def test_a_slice_back_is_taken_in_at_the_next_outer_step_with_the_outer_parameters(tiny_trainer_kwargs):
     chaos = Chaos(failures=[{"at_step": 5, "slice": 1, "down_for_s": 0.0}])
     trainer, _, report = diloco_run(tiny_trainer_kwargs, chaos, inner_steps=4, steps=12)
@@ -128,14 +174,8 @@ def test_a_resume_from_a_checkpoint_taken_mid_phase_ends_as_an_uninterrupted_run
     the mode's state (the outer step's momentum and each replica's optimizer state) as an uninterrupted run's."""
     uninterrupted, _, _ = diloco_run(tiny_trainer_kwargs, inner_steps=4, steps=10)
 
-    class StopAfterStep6:
-        @et.hookimpl
-        def et_step_end(self, step):
-            if step == 6:
-                os.kill(os.getpid(), signal.SIGTERM)  # stops at the boundary after step 6, saved
-
-    with pytest.raises(et.Preempted):
-        diloco_run(tiny_trainer_kwargs, StopAfterStep6(), inner_steps=4, steps=10,
+    with pytest.raises(et.Preempted):  # stops at the boundary after step 6, saved
+        diloco_run(tiny_trainer_kwargs, StopAfter(6), inner_steps=4, steps=10,
                    checkpointer=et.Checkpointer(tmp_path, period=100))
     resumed, _, report = diloco_run(tiny_trainer_kwargs, inner_steps=4, steps=10,
                                  checkpointer=et.Checkpointer(tmp_path, period=100), resume=True)
@@ -188,3 +228,9 @@ def test_the_benchmark_counts_only_collectives_that_cross_slices_and_writes_its_
     assert len(lines) == 4 and lines[3].startswith("| one_lost | diloco H=10 | 2.100 | 120 (4) | 1 |")
     benchmark.plot(rows, tmp_path / "loss.png")
     assert (tmp_path / "loss.png").stat().st_size > 10_000
+
+
+def test_diloco_is_not_one_strategy_of_a_fallback_chain():
+    with pytest.raises(et.ConfigError, match=r"strategy.strategies: diloco chooses how every step trains "
+                                             r"\(et_training_mode\) and cannot be one strategy of a fallback chain"):
+        Fallback([DiLoCo(), ScaleDown()])

@@ -14,9 +14,9 @@ def test_a_snapshot_is_a_copy_and_the_next_step_still_takes_the_buffers_it_was_g
     sharded = jax.device_put(np.arange(8, dtype=np.float32).reshape(4, 2),
                              NamedSharding(mesh, PartitionSpec(et.DEVICE_AXIS)))
     snapshots = HostSnapshots(2, jax.tree.structure([replicated, sharded]))
-    snapshots.take(1, [replicated, sharded])
+    snapshots.take(1, [replicated, sharded], slices=(0, 1))
     assert snapshots.latest is None  # not a snapshot step
-    snapshots.take(2, [replicated, sharded])
+    snapshots.take(2, [replicated, sharded], slices=(0, 1))
     copies = snapshots.latest.leaves
     assert all(copy.flags.owndata for copy in copies)  # on CPU np.asarray alone gives a view of the device buffer
     step = jax.jit(lambda x: x * 2, donate_argnums=0)

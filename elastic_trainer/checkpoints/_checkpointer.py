@@ -282,6 +282,11 @@ class Checkpointer:
         """Stop offering step ``step`` for restores; its files stay as they are."""
         self._unreadable.add(step)
 
+    def metadata(self, step: int) -> dict[str, Any]:
+        """The metadata saved with step ``step``, read alone (no array is)."""
+        with self._restoring_manager() as manager:
+            return manager.restore(step, args=ocp.args.Composite(metadata=ocp.args.JsonRestore())).metadata
+
     def restore(self, step: int, like: PyTree) -> tuple[PyTree, dict[str, Any]]:
         """Load step ``step`` into arrays shaped and sharded like ``like``; returns them and the metadata.
 

@@ -202,8 +202,10 @@ class RunCheckpoints:
                     raise lost from error
             raise
 
-    def restore_newest(self, like: PyTree, *, slices: Sequence[int], since: tuple[int, ...]) -> tuple[PyTree, int]:
-        """Restore the newest readable checkpoint onto ``like``'s shardings: the arrays and their step.
+    def restore_newest(self, target: Callable[[list[int]], PyTree], *, slices: Sequence[int],
+                       since: tuple[int, ...]) -> tuple[PyTree, int, list[int]]:
+        """Restore the newest readable checkpoint onto ``target(its slices)``'s shapes and shardings: the arrays,
+        their step and the slices they were saved on.
 
         Unreadable ones (truncated, corrupt) are skipped, and named in a
         warning once an older one was read; their files are left as they
@@ -219,7 +221,8 @@ class RunCheckpoints:
         for step in self.checkpointer.steps_newest_first():
             self._hooks.et_before_restore(trainer=self._view, step=step, source="checkpoint")
             try:
-                arrays, metadata = self.checkpointer.restore(step, like=like)
+                saved_on = self.checkpointer.metadata(step)["slices"]
+                arrays, metadata = self.checkpointer.restore(step, like=target(saved_on))
             except ConfigError:
                 raise  # another model's checkpoint: the wrong directory or model, not damage
             except Exception as error:  # noqa: BLE001 - a truncated or corrupt checkpoint: try the one before
@@ -240,7 +243,7 @@ class RunCheckpoints:
             self._hooks.et_after_restore(
                 trainer=self._view, step=step, source="checkpoint", state=self._train_state(arrays)
             )
-            return arrays, step
+            return arrays, step, saved_on
         raise NoReadableCheckpoint(skipped)
 
     def _check_same_data(self, step: int, metadata: dict[str, Any]) -> None:
