@@ -30,6 +30,7 @@ Writes ``benchmarks/results/diloco/results.json`` and ``loss.png`` (the training
 held-out loss per row) and prints the table; the README's "Semi-synchronous training" shows them.
 
     python benchmarks/diloco.py [--steps 300] [--inner-steps 10 50] [--schedules none one_lost periodic]
+    python benchmarks/diloco.py --replot   # the table and plot again from the results written
 """
 
 from __future__ import annotations
@@ -77,7 +78,8 @@ def _leaves(tree):
 
 def run_row(strategy: str, inner_steps: int | None, schedule: str, steps: int) -> dict:
     """Train one row in this process; its results."""
-    import jax  # noqa: PLC0415 - only a row's process starts JAX
+    import equinox as eqx  # noqa: PLC0415 - only a row's process starts JAX
+    import jax  # noqa: PLC0415
     import numpy as np  # noqa: PLC0415
     from hydra import compose, initialize_config_module  # noqa: PLC0415
 
@@ -96,7 +98,8 @@ def run_row(strategy: str, inner_steps: int | None, schedule: str, steps: int) -
     start, count = HELD_OUT
     ids = et.sample_ids(trainer.data.num_samples, seed=cfg.seed, start=start, count=count)
     batch = jax.numpy.asarray(trainer.data.get_batch(ids))
-    eval_loss = float(jax.jit(lambda model, b: trainer.loss_fn(model, b, key=None))(state.params, batch))
+    model = eqx.nn.inference_mode(state.params)  # dropout off
+    eval_loss = float(eqx.filter_jit(lambda m, b: trainer.loss_fn(m, b, key=None))(model, batch))
     slice_of = {d.id: s for s, devices in enumerate(trainer.cluster.slice_devices()) for d in devices}
     collectives = cross_slice_collectives(trainer._state.layout.compiled.executables, slice_of)
     per_step = collectives / inner_steps if inner_steps else collectives
@@ -144,9 +147,10 @@ def plot(rows: list[dict], path: Path) -> None:
     curves.set(xlabel="samples read", ylabel=f"training loss (mean of {10} steps)",
                title=f"schedule {shown} (diloco: mean of the replicas' own losses)")
     curves.legend()
-    labels = [f"{r['strategy']}\n{r['schedule']}" for r in rows]
-    bars.bar(range(len(rows)), [r["eval_loss"] for r in rows], color=[f"C{i % 3}" for i in range(len(rows))])
-    bars.set_xticks(range(len(rows)), labels, fontsize=7)
+    labels = [f"{r['strategy'].replace('scale_down', 'sync')}\n{r['schedule']}" for r in rows]
+    names = list(dict.fromkeys(r["strategy"] for r in rows))
+    bars.bar(range(len(rows)), [r["eval_loss"] for r in rows], color=[f"C{names.index(r['strategy'])}" for r in rows])
+    bars.set_xticks(range(len(rows)), labels, fontsize=7, rotation=45, ha="right")
     low = min(r["eval_loss"] for r in rows)
     bars.set_ylim(low * 0.95, max(r["eval_loss"] for r in rows) * 1.02)
     bars.set(ylabel="held-out loss of the final parameters", title="held-out loss")
@@ -161,10 +165,16 @@ def main() -> None:
     parser.add_argument("--inner-steps", type=int, nargs="+", default=[10, 50])
     parser.add_argument("--schedules", nargs="+", default=["none", "one_lost", "periodic"])
     parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument("--replot", action="store_true", help="the table and plot again from --out's results.json")
     parser.add_argument("--row", help=argparse.SUPPRESS)  # a JSON row to run in this process
     args = parser.parse_args()
     if args.row:
         print(json.dumps(run_row(**json.loads(args.row))))
+        return
+    if args.replot:
+        rows = json.loads((args.out / "results.json").read_text())
+        plot(rows, args.out / "loss.png")
+        print(table(rows))
         return
     rows = []
     for schedule in args.schedules:
