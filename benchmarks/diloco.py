@@ -185,7 +185,7 @@ def main() -> None:
                                     check=True)
             rows.append(json.loads(result.stdout.strip().splitlines()[-1]))
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "results.json").write_text(json.dumps(rows, indent=1) + "\n")
+    (args.out / "results.json").write_text("[\n" + ",\n".join(json.dumps(row) for row in rows) + "\n]\n")  # a row a line
     plot(rows, args.out / "loss.png")
     print(table(rows))
 
