@@ -25,30 +25,33 @@ class SampleLedger:
         self.seed = seed
         self.start_position = start_position
         self._ids_by_step: dict[int, np.ndarray] = {}
-        self._kept: dict[int, np.ndarray] = {}  # step -> which of its ids the state holds, where some were forgotten
+        self._forgotten: dict[int, list[tuple[int, slice]]] = {}  # step -> (when, its rows) of each forget
 
     def commit(self, step: int, ids: np.ndarray) -> None:
         """Record that step ``step`` (0-based) was trained on samples ``ids``."""
         self._ids_by_step[step] = ids
-        self._kept.pop(step, None)
+        self._forgotten.pop(step, None)
 
     def ids_of(self, step: int) -> np.ndarray:
         """The samples committed step ``step`` read."""
         return self._ids_by_step[step]
 
-    def forget(self, step: int, rows: slice) -> int:
-        """Step ``step``'s samples ``rows`` (of its batch) are no longer trained on by the state: skipped. Returns
-        how many of them were still counted."""
-        kept = self._kept.setdefault(step, np.ones(len(self._ids_by_step[step]), bool))
-        forgotten = int(kept[rows].sum())
-        kept[rows] = False
+    def forget(self, step: int, rows: slice, *, at: int) -> int:
+        """Step ``step``'s samples ``rows`` (of its batch) are no longer trained on by the state as of step ``at``
+        (a replica dropped then): skipped, unless a roll-back to a state from before ``at`` undoes it. Returns how
+        many of them were still counted."""
+        forgotten = int(self._kept_of(step)[rows].sum())
+        self._forgotten.setdefault(step, []).append((at, rows))
         return forgotten
 
     def roll_back(self, to_step: int) -> None:
-        """Forget steps ``to_step`` and later: the state no longer contains them."""
+        """Forget steps ``to_step`` and later: the state no longer contains them; and undo what was forgotten at
+        those steps: the state restored still holds it."""
         for step in [s for s in self._ids_by_step if s >= to_step]:
             del self._ids_by_step[step]
-            self._kept.pop(step, None)
+            self._forgotten.pop(step, None)
+        for step, forgets in self._forgotten.items():
+            forgets[:] = [(at, rows) for at, rows in forgets if at < to_step]
 
     def to_arrays(self) -> dict[str, np.ndarray]:
         """The ledger as arrays (``steps``, ``sizes``, ``ids``, ``kept``, ``start_position``), for ``np.savez``."""
@@ -85,8 +88,8 @@ class SampleLedger:
         kept = np.split(arrays["kept"], bounds) if "kept" in arrays else [None] * len(ids)  # older files: all kept
         for step, step_ids, step_kept in zip(arrays["steps"].tolist(), ids, kept, strict=True):
             self._ids_by_step[step] = step_ids
-            if step_kept is not None and not step_kept.all():
-                self._kept[step] = step_kept
+            if step_kept is not None and not step_kept.all():  # for good: the run that forgot them has ended
+                self._forgotten[step] = [(-1, ~step_kept)]
 
     def end_position(self) -> int:
         """The data position after the committed steps, if they follow one another."""
@@ -114,5 +117,7 @@ class SampleLedger:
 
     def _kept_of(self, step: int) -> np.ndarray:
         """Which of step ``step``'s samples the state holds."""
-        kept = self._kept.get(step)
-        return np.ones(len(self._ids_by_step[step]), bool) if kept is None else kept
+        kept = np.ones(len(self._ids_by_step[step]), bool)
+        for _, rows in self._forgotten.get(step, ()):
+            kept[rows] = False
+        return kept

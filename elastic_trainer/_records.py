@@ -263,6 +263,7 @@ class StepHistory:
         """Each committed step's wall time, by step."""
         self.slices: dict[int, tuple[int, ...]] = {}
         """The slices each committed step's batch was split over, by step."""
+        self._dropped_time: list[tuple[int, int, float]] = []  # (as of which step, step, seconds) of each drop_slice
         self.resumed_from: int | None = None
         """The checkpoint step a resumed run continued from."""
         self.first_step_ended_at: float | None = None
@@ -283,7 +284,7 @@ class StepHistory:
     def start_at(self, position: int) -> None:
         """Count samples from data position ``position`` (where a resumed run continues); forget every step."""
         self.ledger = SampleLedger(self.ledger.num_samples, seed=self.ledger.seed, start_position=position)
-        self.losses, self.seconds, self.slices, self._on_device = {}, {}, {}, []
+        self.losses, self.seconds, self.slices, self._on_device, self._dropped_time = {}, {}, {}, [], []
 
     def commit(self, step: int, ids: np.ndarray, loss: jax.Array, *, slices: tuple[int, ...]) -> None:
         """Record step ``step`` (0-based): its samples, split over ``slices``, and its loss (left on the device for
@@ -307,29 +308,40 @@ class StepHistory:
             self.losses[older_step] = float(value)
 
     def time_step(self, step: int, seconds: float) -> None:
-        """Record how long committed step ``step`` took, wall time."""
-        self.seconds[step] = seconds
+        """Add ``seconds`` to how long step ``step`` took, wall time (its run, then what follows until it is
+        committed)."""
+        self.seconds[step] = self.seconds.get(step, 0.0) + seconds
 
     def roll_back(self, to_step: int) -> float:
-        """Forget the steps from ``to_step`` on; the seconds they took."""
+        """Forget the steps from ``to_step`` on; the seconds they took, less those a slice's drop as of them had
+        taken from earlier steps, which the state holds again (:meth:`drop_slice`)."""
         self.ledger.roll_back(to_step)
         self.losses = {s: loss for s, loss in self.losses.items() if s < to_step}
         self.slices = {s: slices for s, slices in self.slices.items() if s < to_step}
         self._on_device = [s for s in self._on_device if s < to_step]
-        return sum(self.seconds.pop(s) for s in [s for s in self.seconds if s >= to_step])
+        given_back = 0.0
+        for at, step, seconds in [d for d in self._dropped_time if d[0] >= to_step and d[1] < to_step]:
+            self.seconds[step] += seconds
+            given_back += seconds
+        self._dropped_time = [d for d in self._dropped_time if d[0] < to_step and d[1] < to_step]
+        return sum(self.seconds.pop(s) for s in [s for s in self.seconds if s >= to_step]) - given_back
 
-    def drop_slice(self, dropped: int, *, since: int, until: int | None = None) -> tuple[int, float]:
-        """Slice ``dropped``'s training of the committed steps from ``since`` on (to ``until``, excluded) is lost
-        (its replica was dropped): its share of their samples is skipped. Returns how many samples that is, and
-        its share of those steps' time (goodput it no longer is)."""
+    def drop_slice(self, dropped: int, *, since: int, until: int, at: int) -> tuple[int, float]:
+        """Slice ``dropped``'s training of the steps from ``since`` to ``until`` (excluded) is lost as of step
+        ``at`` (its replica was dropped): its share of their samples is skipped, and its share of their time is
+        no longer the steps' (a roll-back to a state from before ``at`` undoes the skip, not the time). Returns how
+        many samples that is, and how much time (goodput it no longer is)."""
         skipped, seconds = 0, 0.0
-        last = max(self.slices, default=-1) + 1 if until is None else until
-        for step in sorted(s for s in self.slices if since <= s < last and dropped in self.slices[s]):
+        for step in sorted(s for s in self.slices if since <= s < until and dropped in self.slices[s]):
             slices, ids = self.slices[step], self.ledger.ids_of(step)
             share = len(ids) // len(slices)  # the batch is split over the slices in order, one share each
             position = slices.index(dropped)
-            skipped += self.ledger.forget(step, slice(position * share, (position + 1) * share))
-            seconds += self.seconds.get(step, 0.0) / len(slices)
+            forgotten = self.ledger.forget(step, slice(position * share, (position + 1) * share), at=at)
+            if forgotten:  # its share of the step's time, once
+                part = self.seconds.get(step, 0.0) * forgotten / len(ids)
+                self.seconds[step] = self.seconds.get(step, 0.0) - part
+                self._dropped_time.append((at, step, part))
+                skipped, seconds = skipped + forgotten, seconds + part
         return skipped, seconds
 
     def ordered_losses(self) -> list[float]:

@@ -327,7 +327,7 @@ def skip_what_no_state_holds(ctx: TrainingContext, carried: Sequence[int] | None
     trained = {s for t, slices in ctx.history.slices.items() if since <= t < step for s in slices}
     skipped = 0
     for lost in sorted(trained - set(carried)):
-        samples, seconds = ctx.history.drop_slice(lost, since=since, until=step)
+        samples, seconds = ctx.history.drop_slice(lost, since=since, until=step, at=step - 1)  # as of the state
         ctx.clock.reclassify_productive(seconds)
         skipped += samples
     return skipped

@@ -11,46 +11,50 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Mapping
+from collections.abc import Sequence
 
 import jax
 
 from ._failures import StepInterrupted, TrainingStopped
 from ._records import Layout, LoopState
-from ._recovery import TrainingContext, classify, ends_run_if_stopped
+from ._recovery import TrainingContext, classify, ends_run_if_stopped, lost_slices
 from ._step_runner import StepResult
 
 
-def drop_replicas(ctx: TrainingContext, state: LoopState, layout: Layout, done: StepResult,
-                  dropped: Mapping[int, Exception], *, phase: str) -> tuple[Layout, StepResult, LoopState]:
-    """Go on without the ``dropped`` slices of ``layout`` after step ``state.step`` (lost in ``phase``): the
-    layout of the others, ``done`` moved onto it, and ``state`` with the lost slices' incarnations brought up to
-    date (the others' stay: a failure of theirs since is still found).
+def drop_replicas(ctx: TrainingContext, state: LoopState, done: StepResult, error: Exception,
+                  dropped: Sequence[int], *, phase: str) -> tuple[LoopState, StepResult]:
+    """Go on without the slices ``dropped`` (or found lost: ``error`` may name none, a hang the watchdog ended)
+    of ``state.layout`` after step ``state.step`` (lost in ``phase``): ``state`` on the layout of the others,
+    with ``done``'s state moved onto it and the lost slices' incarnations brought up to date (the others' stay: a
+    failure of theirs since is still found).
 
     ``done``'s state lies on the slices that hold it: the others' alone, or
-    all of ``layout``'s (a boundary that lost a slice: its inputs are whole).
-    A failure that the plugins find fatal stops the run.
+    all of the layout's (a boundary that lost a slice: its inputs are whole).
+    A failure that the plugins find fatal stops the run. When fewer slices
+    than the mode goes on with (:attr:`AbstractTrainingMode.min_slices`) are
+    left, or none is known lost, the step fails as a whole
+    (:class:`StepInterrupted`: the failure flow takes over).
     """
-    lost = sorted(dropped)
-    failure, index = classify(ctx, dropped[lost[0]], step=state.step, phase=phase, slices=layout.slices,
+    layout = state.layout
+    gone = lost_slices(ctx, layout.slices, dropped, state.incarnations)
+    survivors = tuple(s for s in layout.slices if s not in gone)
+    if not gone or len(survivors) < max(1, ctx.mode.min_slices):  # the failure flow classifies and records it
+        raise StepInterrupted(error, leaves=None, loss=None)
+    failure, index = classify(ctx, error, step=state.step, phase=phase, slices=layout.slices,
                               since=state.incarnations, detection=False)
     with ends_run_if_stopped(ctx, index):
         if not failure.elastic:
-            raise TrainingStopped(f"step {state.step + 1} failed with a fatal error: {dropped[lost[0]]}")
-    gone = sorted({*lost, *failure.slices})
-    survivors = tuple(s for s in layout.slices if s not in gone)
-    if not survivors:  # more were lost meanwhile: no replica is left, and the failure flow takes over
-        raise StepInterrupted(dropped[lost[0]], leaves=None, loss=None)
+            raise TrainingStopped(f"step {state.step + 1} failed with a fatal error: {error}")
     begin = time.time()
     new = ctx.layouts.make(survivors)
     held_on = jax.tree.leaves(done.arrays)[0].sharding.mesh  # the mesh of the slices that hold the state
     rows = [tuple(row) for row in held_on.devices]
     positions = [rows.index(tuple(layout.mesh.devices[layout.slices.index(s)])) for s in survivors]
     arrays = ctx.mode.move(done.arrays, held_on, positions, new.shardings)
-    leaves = jax.tree.leaves(arrays)
     skipped, seconds = 0, 0.0
     for s in gone:
-        counted = ctx.history.drop_slice(s, since=ctx.mode.unsynced_from(state.step))
+        counted = ctx.history.drop_slice(s, since=ctx.mode.unsynced_from(state.step), until=state.step + 1,
+                                         at=state.step)
         skipped, seconds = skipped + counted[0], seconds + counted[1]
     ctx.clock.reclassify_productive(seconds)
     ctx.failures.amend(index, slices=tuple(gone), action="drop_replica", slices_after=len(survivors),
@@ -59,5 +63,5 @@ def drop_replicas(ctx: TrainingContext, state: LoopState, layout: Layout, done: 
     ctx.layouts.record_resize(state.step, layout, new, reason="replica_dropped", seconds=time.time() - begin)
     now = ctx.cluster.incarnations()
     incarnations = tuple(now[s] if s in gone else count for s, count in enumerate(state.incarnations))
-    return new, done._replace(arrays=arrays, leaves=leaves, dropped={}), dataclasses.replace(
-        state, incarnations=incarnations)
+    return dataclasses.replace(state, layout=new, incarnations=incarnations), done._replace(
+        arrays=arrays, leaves=jax.tree.leaves(arrays), dropped={})

@@ -20,14 +20,17 @@ from ._watchdog import Watchdog
 
 
 class StepResult(NamedTuple):
-    """A step run to its end: the new state and its leaves, the samples it was trained on, its metrics, and the
-    slices it went on without (:meth:`StepMonitor.dropped`: the new state lies on the others), with why."""
+    """A step run to its end: the new state and its leaves, the samples it was trained on, its metrics, the
+    slices it went on without (:meth:`StepMonitor.dropped`: the new state lies on the others) with why, and each
+    slice's own time where its slices ran programs of their own (else the cluster's
+    :meth:`~AbstractTimedCluster.slice_step_seconds` tells)."""
 
     arrays: PyTree
     leaves: list[jax.Array]
     ids: np.ndarray
     metrics: dict[str, jax.Array]
     dropped: dict[int, Exception] = {}
+    slice_seconds: dict[int, float] = {}
 
 
 class _Batch(NamedTuple):
@@ -78,6 +81,7 @@ class StepRunner:
         self._next: _Batch | None = None
         self._running: tuple[Layout, tuple[int, ...], int, int | None] | None = None
         self._dropped: dict[int, Exception] = {}  # the running step's
+        self._slice_seconds: dict[int, float] = {}  # the running step's slices' own times, where each waits apart
         self._in_boundary = False  # running a mode's boundary work, not a step
 
     def run(self, layout: Layout, arrays: PyTree, position: int, *, step: int, since: tuple[int, ...],
@@ -97,10 +101,10 @@ class StepRunner:
         """
         batch = self._take_batch(layout, position)
         self._running = layout, since, step, position + layout.batch_size if prepare_next else None
-        self._batch, self._dropped = batch, {}
+        self._batch, self._dropped, self._slice_seconds = batch, {}, {}
         leaves, loss = layout.compiled.run(self._leaves_of(arrays), batch.arrays, lr_scale=layout.lr_scale,
                                            batch_size=layout.batch_size, monitor=self)
-        return StepResult(self._last[0], leaves, batch.ids, {"loss": loss}, self._dropped)
+        return StepResult(self._last[0], leaves, batch.ids, {"loss": loss}, self._dropped, self._slice_seconds)
 
     def boundary(self, layout: Layout, done: StepResult, *, step: int, since: tuple[int, ...]) -> StepResult:
         """Run ``layout``'s boundary work (a mode's outer step) on ``done``'s state after step ``step``, to
@@ -144,11 +148,12 @@ class StepRunner:
             self._injectable.check_launch(layout.slices if slices is None else slices, since=since)
 
     def dispatched(self) -> None:
-        """The step runs: tell the cluster, and read the next step's batch meanwhile."""
+        """The step (one slice's program of it) runs: tell the cluster, and read the next step's batch meanwhile,
+        once."""
         if self._timed is not None:
             self._timed.step_dispatched()
         layout, _, _, next_position = self._running
-        if next_position is not None:
+        if next_position is not None and self._next is None:
             self._next = self._read_batch(layout, next_position)
 
     def made(self, leaves: list[jax.Array]) -> None:
@@ -175,6 +180,8 @@ class StepRunner:
             jax.block_until_ready(pending)
             if end:
                 self._cluster.synchronize(SyncCall.STEP_END, layout.slices if slices is None else slices, since=since)
+                if slices is not None and self._timed is not None:  # a slice's own program: its own time
+                    self._slice_seconds.update(self._timed.slice_step_seconds())
 
         try:
             self._watchdog.wait(wait_and_check)

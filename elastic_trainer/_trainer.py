@@ -105,7 +105,7 @@ def _commit(trainer: Trainer, state: LoopState, done: StepResult, *, interrupted
     trainer.hook.et_step_end(trainer=trainer, step=step + 1, metrics=done.metrics)
     if not interrupted:
         timed = isinstance(trainer.cluster, AbstractTimedCluster)
-        ctx.stragglers.observe(step + 1, trainer.cluster.slice_step_seconds() if timed else {})
+        ctx.stragglers.observe(step + 1, done.slice_seconds or (trainer.cluster.slice_step_seconds() if timed else {}))
         ctx.layouts.compile_likely(layout)  # once per layout: for a new one (a recovery's, a resize's), now
         ctx.snapshots.take(step + 1, done.leaves, slices=layout.slices)
     return committed
@@ -309,7 +309,7 @@ class Trainer:
                         raise _preempted(self.checkpointer, state.step, preemption.signum)
                     state, forced_save = dataclasses.replace(state, save_due=True, at_boundary=False), True
                 if state.at_boundary and state.step < self.steps:
-                    state = self._ctx.layouts.maybe_resize(state)
+                    state = self._state = self._ctx.layouts.maybe_resize(state)  # the hooks see the slices in use
                 phase = _next_phase(state)
                 try:
                     end = phases[phase](state)
@@ -382,13 +382,20 @@ class Trainer:
                 done = ctx.runner.result_of(interrupted)
                 failure = interrupted.error
             ctx.history.commit(state.step, done.ids, done.metrics["loss"], slices=state.layout.slices)
-        if done.dropped:
-            layout, done, state = drop_replicas(ctx, state, state.layout, done, done.dropped, phase="train_step")
-            state = dataclasses.replace(state, layout=layout)
-        state, done = self._boundary(state, done)
-        with ctx.clock.measure("productive", on_error="wasted_progress"):
-            committed = _commit(self, state, done, interrupted=failure is not None)
         ctx.history.time_step(state.step, time.time() - began)
+        try:
+            if done.dropped:
+                dropped = list(done.dropped)
+                state, done = drop_replicas(ctx, state, done, done.dropped[dropped[0]], dropped, phase="train_step")
+                self._state = state  # the slices in use, for the hooks from here on
+            state, done = self._boundary(state, done)
+            began = time.time()
+            with ctx.clock.measure("productive", on_error="wasted_progress"):
+                committed = _commit(self, state, done, interrupted=failure is not None)
+        except BaseException:  # the step is not committed after all: its samples and its time are not the run's
+            ctx.clock.reclassify_productive(ctx.history.roll_back(state.step))
+            raise
+        ctx.history.time_step(state.step, time.time() - began)  # the step's time: its run, boundary and commit
         return PhaseEnd(committed, failure, "update")
 
     def _boundary(self, state: LoopState, done: StepResult) -> tuple[LoopState, StepResult]:
@@ -396,13 +403,15 @@ class Trainer:
         dropped, and it runs again over the others (its inputs are whole: it does not donate them)."""
         ctx = self._ctx
         while ctx.mode.boundary_due(state.step + 1, steps=self.steps):
+            began = time.time()
             try:
                 with ctx.clock.measure("productive", on_error="wasted_progress"):
-                    return state, ctx.runner.boundary(state.layout, done, step=state.step, since=state.incarnations)
+                    done = ctx.runner.boundary(state.layout, done, step=state.step, since=state.incarnations)
+                ctx.history.time_step(state.step, time.time() - began)
+                return state, done
             except SliceLostError as lost:
-                layout, done, state = drop_replicas(ctx, state, state.layout, done, dict.fromkeys(lost.slices, lost),
-                                                    phase="boundary")
-                state = dataclasses.replace(state, layout=layout)
+                state, done = drop_replicas(ctx, state, done, lost, lost.slices, phase="boundary")
+                self._state = state
             except Exception as error:  # noqa: BLE001 - the step took the state before it: none is whole now
                 raise StepInterrupted(error, leaves=None, loss=None) from error
         return state, done

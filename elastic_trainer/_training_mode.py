@@ -35,6 +35,9 @@ class AbstractTrainingMode(abc.ABC):
 
     name: ClassVar[str]
     """The mode's name, for messages and the checkpoints' metadata."""
+    min_slices: int = 1
+    """The fewest slices a step of this mode goes on with when it drops others (:meth:`StepMonitor.dropped`);
+    with fewer left, the step fails as a whole and the failure flow takes over."""
 
     def init(self, arrays: TrainState) -> PyTree:
         """The mode's state, made once from the train state's arrays (the model's, the optimizer's, the step,

@@ -8,7 +8,7 @@ replica and the others go on without a pause; its samples since the last
 outer step are counted as skipped. A slice lost during the outer step is
 dropped and the step runs again over the others. A healthy slice is taken
 back in at an outer step, with the outer parameters. The training mode is in
-``diloco_mode.py``; docs/plugins.md, "A semi-synchronous mode: DiLoCo".
+``diloco_mode.py``; docs/plugins.md, "A mode whose slices each keep a part of their own".
 """
 
 from __future__ import annotations
@@ -80,7 +80,7 @@ class DiLoCo(et.AbstractStrategy):
         slices = et.mesh_slice_count(trainer.cluster)
         outer = optax.sgd(self.outer_lr, momentum=self.outer_momentum or None, nesterov=self.nesterov)
         return DiLoCoMode(inner_steps=self.inner_steps, outer_optimizer=outer, slices=slices, limit=slices,
-                          min_slices=self.min_slice_count)
+                          steps=trainer.steps, min_slices=self.min_slice_count)
 
     @et.hookimpl
     def et_choose_recovery(self, trainer: et.RunView, failure: et.Failure) -> et.RecoveryPlan:

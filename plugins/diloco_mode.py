@@ -58,6 +58,7 @@ class DiLoCoMode(et.AbstractTrainingMode):
     :param outer_optimizer: the outer step's optimizer, applied to ``outer - mean(replicas)``.
     :param slices: the slices of the run's first layout (the rows of :meth:`init`).
     :param limit: the cluster's slices: each slice's share of a step's batch is the global batch over these.
+    :param steps: the run's steps: its last one ends with an outer step too.
     :param min_slices: the fewest slices a step goes on with when others are lost; with fewer, the step fails
         as a whole and the failure flow takes over (the strategy's plan).
     """
@@ -67,6 +68,7 @@ class DiLoCoMode(et.AbstractTrainingMode):
     outer_optimizer: optax.GradientTransformation
     slices: int
     limit: int
+    steps: int
     min_slices: int = 1
     _programs: dict = dataclasses.field(default_factory=dict)  # a slice's devices and batch -> its program
     _lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)
@@ -98,7 +100,8 @@ class DiLoCoMode(et.AbstractTrainingMode):
         return step % self.inner_steps == 0 or step == steps
 
     def unsynced_from(self, step: int) -> int:
-        return step // self.inner_steps * self.inner_steps
+        """The step after the last outer step: one every ``inner_steps`` steps, and one after the run's last."""
+        return step if step >= self.steps else step // self.inner_steps * self.inner_steps
 
     def rows_onto(self, arrays: DiLoCoState, from_slices: Sequence[int], to_slices: Sequence[int]
                   ) -> tuple[DiLoCoState, tuple[int, ...]]:
@@ -137,7 +140,7 @@ class DiLoCoMode(et.AbstractTrainingMode):
         outer = _compile_outer(self.outer_optimizer, abstract, shardings)
         trained = [i for i, p in enumerate(jax.tree.leaves(row.params)) if jnp.issubdtype(p.dtype, jnp.inexact)]
         return DiLoCoStep(mesh, tuple(inner), outer, len(jax.tree.leaves(row)), tuple(trained),
-                          jax.tree.leaves(shardings.replicas), self.min_slices), shardings
+                          jax.tree.leaves(shardings.replicas)), shardings
 
     def _inner_program(self, functions: et.StepFunctions, row: et.TrainState, share: PyTree, mesh: Mesh,
                        within_slice: et.WithinSlice) -> Any:
@@ -237,7 +240,6 @@ class DiLoCoStep:
     :param replica_leaves: how many of the state's leaves are the replicas' (they come first).
     :param trained: where the parameters averaged by the outer step sit among a replica's leaves.
     :param row_shardings: the replicas' leaves' shardings on the mesh.
-    :param min_slices: the fewest slices a step may go on with; with fewer, it fails as a whole.
     """
 
     mesh: Mesh
@@ -246,7 +248,6 @@ class DiLoCoStep:
     replica_leaves: int
     trained: tuple[int, ...]
     row_shardings: list
-    min_slices: int
     scalars: dict = dataclasses.field(default_factory=dict)  # (program, batch size) -> the scalar on its devices
 
     @property
@@ -265,23 +266,28 @@ class DiLoCoStep:
         shares = [structure.unflatten([_view(b, [i], (b.shape[0] // slices, *b.shape[1:])) for b in batch_leaves])
                   for i in range(slices)]
         made: dict[int, list[jax.Array]] = {}
-        losses, lost, started = [], None, False
+        losses, lost, started, announced = [], None, False, False
         for i, (slice_id, program) in enumerate(zip(monitor.slices, self.inner, strict=True)):
             try:
                 monitor.launching([slice_id])
+                started = True  # rows are donated from here on
                 new, loss = program(views[i], shares[i], self._size(program, batch_size))
-                if not started:
-                    monitor.dispatched()
+                monitor.dispatched()
+                if not announced:  # the first program runs
+                    announced = True
                     monitor.before_update()
-                    started = True
                 monitor.wait([*new, loss], end=True, slices=[slice_id])
-            except et.SliceLostError as error:
+            except et.SliceLostError as error:  # this slice's row goes with it; the others go on
                 monitor.dropped([slice_id], error)
                 lost = error
                 continue
+            except Exception as error:  # noqa: BLE001 - not a slice's loss: the step fails as a whole
+                if started:
+                    raise et.StepInterrupted(error, leaves=None, loss=None) from error
+                raise
             made[i] = new
             losses.append(loss)
-        if len(made) < self.min_slices:
+        if not made:  # every slice lost: no row is left
             raise et.StepInterrupted(lost, leaves=None, loss=None)
         kept = sorted(made)
         mesh = self.mesh if len(kept) == slices else Mesh(self.mesh.devices[kept], self.mesh.axis_names)

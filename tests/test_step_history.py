@@ -4,6 +4,7 @@ the steps it undoes wherever their losses are."""
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 from elastic_trainer._data import sample_ids
 from elastic_trainer._ledger import SampleLedger
@@ -38,10 +39,12 @@ def test_before_a_backend_restart_every_loss_comes_to_the_host_and_later_steps_g
     assert history.ordered_losses() == [float(s) for s in range(3 * LOSSES_ON_DEVICE)]
 
 
-def test_a_dropped_slice_skips_its_share_of_each_step_since_and_a_saved_ledger_keeps_what_was_skipped():
-    """Steps 0 to 3 split over slices (0, 1, 2), 4 to 5 over (0, 2): slice 2 dropped after step 5, unsynced since
-    step 2, skips rows 8 to 11 of steps 2 and 3 and rows 4 to 7 of steps 4 and 5 (its share, by its place in each
-    step's slices); the other rows stay trained, and the data position still counts every row read."""
+def test_a_dropped_slice_skips_its_share_of_each_step_since_and_a_roll_back_to_before_the_drop_undoes_it():
+    """Steps 0 to 3 split over slices (0, 1, 2), 4 and 5 over (0, 2): slice 2 dropped during step 5, unsynced
+    since step 2, skips rows 8 to 11 of steps 2 and 3 and rows 4 to 7 of steps 4 and 5 (its share, by its place in
+    each step's slices), and its share of their time; the data position still counts every row read. A saved
+    ledger keeps the skip; a roll-back to a state from before the drop (step 4's) undoes it and gives the time
+    of the steps it keeps back."""
     history = StepHistory(SampleLedger(10_000, seed=0, start_position=0))
     position = 0
     for step, slices in enumerate([(0, 1, 2)] * 4 + [(0, 2)] * 2):
@@ -49,11 +52,13 @@ def test_a_dropped_slice_skips_its_share_of_each_step_since_and_a_saved_ledger_k
         history.commit(step, ids, jnp.float32(step), slices=slices)
         history.time_step(step, 1.0)
         position += len(ids)
-    skipped, seconds = history.drop_slice(2, since=2)
-    assert (skipped, seconds) == (4 * 4, 2 * (1 / 3) + 2 * (1 / 2))
-    assert history.ledger.end_position() == position == 64
+    skipped, seconds = history.drop_slice(2, since=2, until=6, at=5)
+    assert (skipped, seconds) == (4 * 4, pytest.approx(2 * (1 / 3) + 2 * (1 / 2)))
+    assert history.seconds[2] == pytest.approx(2 / 3) and history.ledger.end_position() == position == 64
     ledger = SampleLedger.from_arrays(history.ledger.to_arrays())
     for kept in (history.ledger, ledger):
         assert kept.counts(position) == {"consumed": 64 - 16, "duplicated": 0, "skipped": 16}
-    assert history.drop_slice(2, since=2) == (0, seconds)  # forgotten once: nothing more to skip
-    assert history.ledger.counts(position)["skipped"] == 16
+    assert history.drop_slice(2, since=2, until=6, at=5) == (0, 0.0)  # forgotten once: nothing more, no time
+    wasted = history.roll_back(4)  # steps 4 and 5 go (1 s less their drop's share each); 2 and 3 get theirs back
+    assert wasted == pytest.approx(2 * (1 / 2) - 2 * (1 / 3)) and history.seconds[2] == pytest.approx(1.0)
+    assert history.ledger.counts(4 * 12) == {"consumed": 4 * 12, "duplicated": 0, "skipped": 0}
