@@ -60,11 +60,12 @@ class StepInterrupted(Exception):
     :param error: what the failure raised (classified like any other).
     :param leaves: the state's leaves after the step, or ``None``.
     :param loss: the step's loss, when the step is done (with ``leaves``).
+    :param phase: where in the step it failed, when not in its programs (``"boundary"``: a mode's work after it).
     """
 
-    def __init__(self, error: BaseException, *, leaves: list | None, loss):
+    def __init__(self, error: BaseException, *, leaves: list | None, loss, phase: str | None = None):
         super().__init__(str(error))
-        self.error, self.leaves, self.loss = error, leaves, loss
+        self.error, self.leaves, self.loss, self.phase = error, leaves, loss, phase
 
 
 @dataclasses.dataclass(frozen=True)

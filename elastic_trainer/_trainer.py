@@ -139,7 +139,7 @@ def _recovery_start(state: LoopState, error: Exception, phase: str) -> PhaseEnd:
     """What recovery starts from when ``error`` ended ``phase`` at ``state``: a step that had taken the state
     from every slice (:class:`StepInterrupted`) left it to none."""
     if isinstance(error, StepInterrupted):
-        return PhaseEnd(dataclasses.replace(state, consumed=True), error.error, phase)
+        return PhaseEnd(dataclasses.replace(state, consumed=True), error.error, error.phase or phase)
     return PhaseEnd(state, error, phase)
 
 
@@ -413,7 +413,7 @@ class Trainer:
                 state, done = drop_replicas(ctx, state, done, lost, lost.slices, phase="boundary")
                 self._state = state
             except Exception as error:  # noqa: BLE001 - the step took the state before it: none is whole now
-                raise StepInterrupted(error, leaves=None, loss=None) from error
+                raise StepInterrupted(error, leaves=None, loss=None, phase="boundary") from error
         return state, done
 
     def _save(self, state: LoopState) -> PhaseEnd:

@@ -165,7 +165,7 @@ def test_a_drop_below_min_slice_count_during_the_outer_step_takes_the_failure_fl
     trainer, _, report = diloco_run(tiny_trainer_kwargs, chaos, steps=6, snapshot_period=1,
                                     strategy=DiLoCo(inner_steps=4, min_slice_count=3, timeout_s=30))
     assert [(f["step"], f["phase"], f["action"], f["restored_from"], f["slices_after"]) for f in report["failures"]] == [
-        (1, "train_step", "drop_replica", "replica", 3), (3, "train_step", "diloco", "snapshot", 3)]
+        (1, "train_step", "drop_replica", "replica", 3), (3, "boundary", "diloco", "snapshot", 3)]
     assert trainer.slices == (0, 1, 3)
     samples = report["samples"]
     assert samples["duplicated"] == 0 and samples["consumed"] + samples["skipped"] == report["data_position"]
