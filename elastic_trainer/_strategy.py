@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import abc
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from ._failures import ConfigError
 from ._plugins import strategy_name
@@ -72,3 +72,7 @@ class AbstractStrategy(abc.ABC):
         """The slices to move to at this step boundary (:func:`~elastic_trainer.hookspecs.et_propose_resize`);
         by default no resize."""
         return None
+
+    def et_step_end(self, trainer: TrainerView, step: int, metrics: dict[str, Any]) -> None:
+        """Note a completed step (:func:`~elastic_trainer.hookspecs.et_step_end`: ``scale_down`` counts the steps
+        a dropped straggler stays out); by default nothing."""

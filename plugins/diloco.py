@@ -95,7 +95,7 @@ class DiLoCo(et.AbstractStrategy):
         return et.one_slice_lost(trainer.slices, at_least=self.min_slice_count) if self.compile_ahead else []
 
     @et.hookimpl
-    def et_step_end(self, step: int) -> None:
+    def et_step_end(self, trainer: et.TrainerView, step: int, metrics: dict) -> None:
         """Note the steps completed: slices are taken back only at an outer step."""
         self._step = step
 

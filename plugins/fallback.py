@@ -21,8 +21,8 @@ class Fallback(et.AbstractStrategy):
     ``retry_reset_steps`` steps of progress between them (not after
     ``max_retries`` failures of the whole run, as MaxText's
     ``elastic_max_retries``). The chain also answers the strategy's optional
-    hooks (``et_run_start``, ``et_likely_layouts``, ``et_propose_resize``)
-    for its members, first member first.
+    hooks (``et_run_start``, ``et_likely_layouts``, ``et_propose_resize``,
+    ``et_step_end``) for its members, first member first.
     """
 
     def __init__(self, strategies: Sequence[et.AbstractStrategy]):
@@ -67,6 +67,12 @@ class Fallback(et.AbstractStrategy):
     def et_likely_layouts(self, trainer: et.TrainerView) -> list[list[int]]:
         """Every layout a member expects."""
         return [layout for s in self.strategies for layout in s.et_likely_layouts(trainer=trainer)]
+
+    @et.hookimpl
+    def et_step_end(self, trainer: et.TrainerView, step: int, metrics: dict) -> None:
+        """Tell every member the step ended (``scale_down``: how long a dropped straggler has been out)."""
+        for strategy in self.strategies:
+            strategy.et_step_end(trainer=trainer, step=step, metrics=metrics)
 
     @et.hookimpl
     def et_propose_resize(self, trainer: et.TrainerView, healthy_slices: list[int]) -> list[int] | None:

@@ -4,6 +4,7 @@ The same on cluster=multiprocess, with real processes: tests/test_multiprocess.p
 """
 
 import json
+from types import SimpleNamespace
 
 import equinox as eqx
 import jax
@@ -13,6 +14,8 @@ import pytest
 import elastic_trainer as et
 from elastic_trainer._stragglers import StragglerRule, StragglerWatch
 from elastic_trainer.chaos import Chaos
+from elastic_trainer_plugins.fallback import Fallback
+from elastic_trainer_plugins.pause_resume import PauseResume
 from elastic_trainer_plugins.scale_down import ScaleDown
 
 STEPS, BATCH = 30, 24
@@ -180,3 +183,19 @@ def test_an_injectable_cluster_without_slow_slice_still_builds_and_refuses_to_sl
     cluster = OlderCluster()
     with pytest.raises(et.ConfigError, match="OlderCluster cannot slow a slice down; drop the chaos entry's slow key"):
         cluster.slow_slice(0, factor=3, for_s=1)
+
+
+def test_a_dropped_straggler_comes_back_when_scale_down_is_a_member_of_a_fallback_chain():
+    """The chain tells its members every step's end, so scale_down counts the steps a dropped straggler is out
+    (before, a member never heard of them, and a straggler it dropped stayed out for good)."""
+    scale_down = ScaleDown(drop_stragglers=True, drop_for_steps=5)
+    chain = Fallback([PauseResume(), scale_down])
+    cluster = et.SimulatedCluster(slices=4, devices_per_slice=2)
+    slow = SimpleNamespace(slices=(0, 1, 2, 3), stragglers=frozenset({2}), cluster=cluster)
+    chain.et_step_end(trainer=slow, step=10, metrics={})
+    assert chain.et_propose_resize(trainer=slow, healthy_slices=[0, 1, 2, 3]) == [0, 1, 3]  # out until step 15
+    without = SimpleNamespace(slices=(0, 1, 3), stragglers=frozenset(), cluster=cluster)
+    chain.et_step_end(trainer=without, step=14, metrics={})
+    assert chain.et_propose_resize(trainer=without, healthy_slices=[0, 1, 2, 3]) is None
+    chain.et_step_end(trainer=without, step=15, metrics={})
+    assert chain.et_propose_resize(trainer=without, healthy_slices=[0, 1, 2, 3]) == [0, 1, 2, 3]
