@@ -325,9 +325,17 @@ def skip_what_no_state_holds(ctx: TrainingContext, carried: Sequence[int] | None
         return 0
     since = ctx.mode.unsynced_from(step)
     trained = {s for t, slices in ctx.history.slices.items() if since <= t < step for s in slices}
+    return skip_training_of(ctx, sorted(trained - set(carried)), since=since, until=step, at=step - 1)
+
+
+def skip_training_of(ctx: TrainingContext, slices: Sequence[int], *, since: int, until: int,
+                     at: int) -> int:
+    """The training of ``slices`` in the committed steps from ``since`` to ``until`` (excluded) is gone as of step
+    ``at`` (:meth:`StepHistory.drop_slice`): their samples are skipped and their share of the steps' time is
+    wasted progress. Returns the samples skipped."""
     skipped = 0
-    for lost in sorted(trained - set(carried)):
-        samples, seconds = ctx.history.drop_slice(lost, since=since, until=step, at=step - 1)  # as of the state
+    for lost in slices:
+        samples, seconds = ctx.history.drop_slice(lost, since=since, until=until, at=at)
         ctx.clock.reclassify_productive(seconds)
         skipped += samples
     return skipped

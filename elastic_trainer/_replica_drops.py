@@ -17,7 +17,7 @@ import jax
 
 from ._failures import StepInterrupted, TrainingStopped
 from ._records import Layout, LoopState
-from ._recovery import TrainingContext, classify, ends_run_if_stopped, lost_slices
+from ._recovery import TrainingContext, classify, ends_run_if_stopped, lost_slices, skip_training_of
 from ._step_runner import StepResult
 
 
@@ -51,12 +51,8 @@ def drop_replicas(ctx: TrainingContext, state: LoopState, done: StepResult, erro
     rows = [tuple(row) for row in held_on.devices]
     positions = [rows.index(tuple(layout.mesh.devices[layout.slices.index(s)])) for s in survivors]
     arrays = ctx.mode.move(done.arrays, held_on, positions, new.shardings)
-    skipped, seconds = 0, 0.0
-    for s in gone:
-        counted = ctx.history.drop_slice(s, since=ctx.mode.unsynced_from(state.step), until=state.step + 1,
-                                         at=state.step)
-        skipped, seconds = skipped + counted[0], seconds + counted[1]
-    ctx.clock.reclassify_productive(seconds)
+    skipped = skip_training_of(ctx, gone, since=ctx.mode.unsynced_from(state.step), until=state.step + 1,
+                               at=state.step)
     ctx.failures.amend(index, slices=tuple(gone), action="drop_replica", slices_after=len(survivors),
                        restored_from="replica", lost_steps=0, recovery_s=0.0, samples_skipped=skipped,
                        compile_s=new.compile_s, compile_cached=new.compile_cached)
