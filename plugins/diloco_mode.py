@@ -45,9 +45,10 @@ class DiLoCoState(eqx.Module):
     outer_opt_state: PyTree
 
 
-def _trained(params: PyTree) -> list:
-    """The floating-point leaves of ``params`` (arrays or shapes): those the outer step averages."""
-    return [p for p in jax.tree.leaves(params) if jnp.issubdtype(p.dtype, jnp.inexact)]
+def _trained(params: PyTree) -> list[int]:
+    """Where the floating-point leaves of ``params`` (arrays or shapes) sit among its leaves: those the outer
+    step averages."""
+    return [i for i, p in enumerate(jax.tree.leaves(params)) if jnp.issubdtype(p.dtype, jnp.inexact)]
 
 
 @dataclasses.dataclass(eq=False)
@@ -74,7 +75,7 @@ class DiLoCoMode(et.AbstractTrainingMode):
     _lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)
 
     def init(self, arrays: et.TrainState) -> DiLoCoState:
-        outer = _trained(arrays.params)
+        outer = [jax.tree.leaves(arrays.params)[i] for i in _trained(arrays.params)]
         return DiLoCoState(replicas=jax.tree.map(lambda a: jnp.stack([a] * self.slices), arrays),
                            outer_params=outer, outer_opt_state=self.outer_optimizer.init(outer))
 
@@ -83,9 +84,10 @@ class DiLoCoMode(et.AbstractTrainingMode):
         position: every replica's step, key and position are the same). After an outer step, and so at the
         run's end, every replica's parameters are the outer ones."""
         first = jax.tree.map(lambda a: a[0], arrays.replicas)
-        outer = iter(arrays.outer_params)
-        params = jax.tree.map(lambda p: next(outer) if jnp.issubdtype(p.dtype, jnp.inexact) else p, first.params)
-        return dataclasses.replace(first, params=params)
+        leaves, structure = jax.tree.flatten(first.params)
+        for i, outer in zip(_trained(first.params), arrays.outer_params, strict=True):
+            leaves[i] = outer
+        return dataclasses.replace(first, params=structure.unflatten(leaves))
 
     def abstract(self, abstract: DiLoCoState, *, slices: int) -> DiLoCoState:
         rows = jax.tree.map(lambda a: jax.ShapeDtypeStruct((slices, *a.shape[1:]), a.dtype), abstract.replicas)
@@ -138,8 +140,7 @@ class DiLoCoMode(et.AbstractTrainingMode):
         inner = [self._inner_program(functions, row, share, Mesh(mesh.devices[i:i + 1], mesh.axis_names),
                                      within_slice) for i in range(slices)]
         outer = _compile_outer(self.outer_optimizer, abstract, shardings)
-        trained = [i for i, p in enumerate(jax.tree.leaves(row.params)) if jnp.issubdtype(p.dtype, jnp.inexact)]
-        return DiLoCoStep(mesh, tuple(inner), outer, len(jax.tree.leaves(row)), tuple(trained),
+        return DiLoCoStep(mesh, tuple(inner), outer, len(jax.tree.leaves(row)), tuple(_trained(row.params)),
                           jax.tree.leaves(shardings.replicas)), shardings
 
     def _inner_program(self, functions: et.StepFunctions, row: et.TrainState, share: PyTree, mesh: Mesh,
@@ -176,8 +177,7 @@ def _compile_outer(optimizer: optax.GradientTransformation, abstract: DiLoCoStat
     """The outer step over the layout's mesh: ``outer - mean(replicas)`` as the outer gradient, the outer
     optimizer's step, and the new outer parameters as every row's. Nothing donated: a slice lost while it runs
     is dropped, and it runs again over the others."""
-    trained = [i for i, p in enumerate(jax.tree.leaves(abstract.replicas.params))
-               if jnp.issubdtype(p.dtype, jnp.inexact)]
+    trained = _trained(abstract.replicas.params)
     opt_structure = jax.tree.structure(abstract.outer_opt_state)
 
     def outer(rows: list, params: list, opt_leaves: list) -> tuple[list, list, list]:
