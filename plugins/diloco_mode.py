@@ -108,23 +108,31 @@ class DiLoCoMode(et.AbstractTrainingMode):
 
     def rows_onto(self, arrays: DiLoCoState, from_slices: Sequence[int], to_slices: Sequence[int]
                   ) -> tuple[DiLoCoState, tuple[int, ...]]:
-        """Each slice of ``to_slices`` that ``from_slices`` held keeps its row, and a new one gets a copy of the
-        first kept row (of the first row held, when none is kept); the outer parts as they are. The training it
-        carries is the kept slices' (or that first one's)."""
+        """Each slice of ``to_slices`` that ``from_slices`` held keeps its row, and a new one starts from the outer
+        parameters with a copy of the first kept row's optimizer state (a copy of its parameters too would count
+        that replica's progress twice in the next outer step's mean); the outer parts as they are. With no row
+        kept, every slice gets a copy of the first row held, whose training it then carries."""
         kept = [s for s in to_slices if s in from_slices]
         source = kept[0] if kept else from_slices[0]
         rows = np.asarray([list(from_slices).index(s if s in from_slices else source) for s in to_slices])
-        return dataclasses.replace(arrays, replicas=jax.tree.map(lambda a: a[rows], arrays.replicas)), tuple(
-            kept or [source])
+        replicas = jax.tree.map(lambda a: a[rows], arrays.replicas)
+        if kept:
+            new = [p for p, s in enumerate(to_slices) if s not in from_slices]
+            replicas = _outer_params_at(replicas, arrays.outer_params, new)
+        return dataclasses.replace(arrays, replicas=replicas), tuple(kept or [source])
 
     def move(self, arrays: DiLoCoState, mesh: Mesh, positions: Sequence[int], shardings: DiLoCoState) -> DiLoCoState:
         """The replicated parts as by default; the rows of the slices at ``positions`` to the same slices of
-        ``shardings``' mesh (no copy), and a new slice a copy of the first kept row (a slice is taken in at an
-        outer step, when every replica's parameters are the outer ones)."""
+        ``shardings``' mesh (no copy), and a new slice the outer parameters and a copy of the first kept row's
+        optimizer state (as :meth:`rows_onto`; at an outer step, where slices are taken in, every replica's
+        parameters are the outer ones anyway)."""
         outer = super().move((arrays.outer_params, arrays.outer_opt_state), mesh, positions,
                              (shardings.outer_params, shardings.outer_opt_state))
-        replicas = jax.tree.map(lambda a, s: _move_rows(a, mesh, positions, s), arrays.replicas, shardings.replicas)
-        return DiLoCoState(replicas, *outer)
+        leaves, structure = jax.tree.flatten(arrays.replicas)
+        fresh = dict(zip(_trained(arrays.replicas.params), arrays.outer_params, strict=True))  # params come first
+        moved = [_move_rows(a, mesh, positions, s, new_row=fresh.get(i))
+                 for i, (a, s) in enumerate(zip(leaves, jax.tree.leaves(shardings.replicas), strict=True))]
+        return DiLoCoState(structure.unflatten(moved), *outer)
 
     def compile(self, functions: et.StepFunctions, abstract: DiLoCoState, batch: PyTree, mesh: Mesh, *,
                 within_slice: et.WithinSlice) -> tuple[DiLoCoStep, DiLoCoState]:
@@ -227,15 +235,29 @@ def _assemble(parts: Sequence[jax.Array], mesh: Mesh, spec: PartitionSpec) -> ja
         [by_device[d] for d in mesh.devices.flat if d in by_device])
 
 
-def _move_rows(array: jax.Array, mesh: Mesh, positions: Sequence[int], sharding: NamedSharding) -> jax.Array:
+def _move_rows(array: jax.Array, mesh: Mesh, positions: Sequence[int], sharding: NamedSharding, *,
+               new_row: jax.Array | None) -> jax.Array:
     """The rows at ``positions`` of ``array`` (over ``mesh``) on ``sharding``'s mesh: a slice there keeps its own
-    row if it was kept, and gets a copy of the first kept row if it is new."""
+    row if it was kept, and if it is new gets ``new_row`` (one row's value), or a copy of the first kept row."""
     kept = {tuple(mesh.devices[p]): _row(array, p) for p in positions}
-    first = kept[tuple(mesh.devices[positions[0]])]
-    parts = [kept[tuple(devices)] if tuple(devices) in kept else jax.device_put(  # a new slice: a copy of the first
-        first, NamedSharding(Mesh(devices[None], sharding.mesh.axis_names), array.sharding.spec))  # kept row
+    first = kept[tuple(mesh.devices[positions[0]])] if new_row is None else np.asarray(new_row)[None]
+    parts = [kept[tuple(devices)] if tuple(devices) in kept else jax.device_put(
+        first, NamedSharding(Mesh(devices[None], sharding.mesh.axis_names), array.sharding.spec))
         for devices in sharding.mesh.devices]
     return _assemble(parts, sharding.mesh, sharding.spec)
+
+
+def _outer_params_at(replicas: et.TrainState, outer_params: Sequence[jax.Array], positions: Sequence[int]
+                     ) -> et.TrainState:
+    """``replicas`` (rows of host arrays) with the outer parameters in the rows at ``positions``."""
+    if not positions:
+        return replicas
+    leaves, structure = jax.tree.flatten(replicas.params)
+    for i, outer in zip(_trained(replicas.params), outer_params, strict=True):
+        rows = np.array(leaves[i])
+        rows[list(positions)] = np.asarray(outer)
+        leaves[i] = rows
+    return dataclasses.replace(replicas, params=structure.unflatten(leaves))
 
 
 @dataclasses.dataclass(frozen=True)

@@ -10,11 +10,13 @@ import jax
 import numpy as np
 import optax
 import pytest
+from jax.sharding import NamedSharding, PartitionSpec
 from test_fault_matrix import named_arrays
 
 import elastic_trainer as et
 from elastic_trainer_plugins.chaos import Chaos
 from elastic_trainer_plugins.diloco import DiLoCo
+from elastic_trainer_plugins.diloco_mode import DiLoCoMode, DiLoCoState
 from elastic_trainer_plugins.fallback import Fallback
 from elastic_trainer_plugins.scale_down import ScaleDown
 
@@ -227,6 +229,41 @@ def test_a_slice_back_is_taken_in_at_the_next_outer_step_with_the_outer_paramete
     for name, rows in replicas.items():  # the slice taken in: a copy of slice 0's replica, inner state included
         np.testing.assert_array_equal(rows[1], rows[0], err_msg=name)
     assert any(not np.array_equal(rows[0], rows[2]) for name, rows in replicas.items() if ".opt_state." in name)
+
+
+def test_a_slice_placed_back_mid_phase_starts_from_the_outer_parameters_so_no_replica_counts_twice():
+    """A host state of slices 0, 1 and 3 (slice 2 dropped) restored onto all four in the middle of a phase: slices
+    0, 1 and 3 keep their own rows; slice 2 starts from the outer parameters, with slice 0's optimizer state, so
+    the next outer step's mean holds each replica's progress once. With no slice kept, every slice gets a copy of
+    the first row held, whose training the state then carries."""
+    mode = DiLoCoMode(inner_steps=4, outer_optimizer=optax.sgd(0.7), slices=3, limit=4, steps=8)
+    params = {"w": np.zeros(3, np.float32), "count": np.zeros((), np.int32)}
+    state = mode.init(jax.tree.map(np.asarray, et.init_train_state(params, optax.adam(0.1), key=jax.random.key(0))))
+    state = jax.tree.map(lambda a: np.asarray(a).copy(), state)  # writable host copies
+    state.replicas.params["w"][:] = [[0.0] * 3, [1.0] * 3, [3.0] * 3]  # each replica's own progress
+    state.replicas.opt_state[0].mu["w"][:] = [[10.0] * 3, [11.0] * 3, [13.0] * 3]
+    state.outer_params[0][:] = -1.0
+
+    restored, carried = mode.rows_onto(state, (0, 1, 3), (0, 1, 2, 3))
+    assert carried == (0, 1, 3)
+    np.testing.assert_array_equal(restored.replicas.params["w"][:, 0], [0.0, 1.0, -1.0, 3.0])
+    np.testing.assert_array_equal(restored.replicas.opt_state[0].mu["w"][:, 0], [10.0, 11.0, 10.0, 13.0])
+    none_kept, carried = mode.rows_onto(state, (0, 1, 3), (2,))
+    assert carried == (0,)
+    np.testing.assert_array_equal(none_kept.replicas.params["w"][:, 0], [0.0])
+
+    # the same on devices: slice 2 taken into a layout of slices 0, 1 and 3 (a recovery that finds it back)
+    devices = np.asarray(jax.devices()[:8]).reshape(4, 2)
+    before, after = et.make_mesh(devices[[0, 1, 3]]), et.make_mesh(devices)
+
+    def on(mesh, tree):
+        rows = jax.tree.map(lambda _: NamedSharding(mesh, PartitionSpec(et.SLICE_AXIS)), tree.replicas)
+        return DiLoCoState(rows, *jax.tree.map(lambda _: NamedSharding(mesh, PartitionSpec()),
+                                               (tree.outer_params, tree.outer_opt_state)))
+
+    moved = mode.move(jax.device_put(state, on(before, state)), before, [0, 1, 2], on(after, restored))
+    np.testing.assert_array_equal(np.asarray(moved.replicas.params["w"])[:, 0], [0.0, 1.0, -1.0, 3.0])
+    np.testing.assert_array_equal(np.asarray(moved.replicas.opt_state[0].mu["w"])[:, 0], [10.0, 11.0, 10.0, 13.0])
 
 
 def test_a_resume_from_a_checkpoint_taken_mid_phase_ends_as_an_uninterrupted_run(tiny_trainer_kwargs, tmp_path):
