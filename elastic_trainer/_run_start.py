@@ -48,11 +48,11 @@ def start_run(trainer: Trainer, *, watchdog: Watchdog, failures: FailureLog) -> 
                                  key=jax.random.fold_in(jax.random.key(trainer.seed), 1))
     if isinstance(trainer.cluster, AbstractMultiControllerCluster):
         refuse_off_one_controller(trainer.strategy, trainer.cluster.kind)
-    trainer.hook.et_run_start(trainer=trainer, state=state)
+    mode = _training_mode(trainer)
+    trainer.hook.et_run_start(trainer=trainer, state=state, mode=mode)
     if trainer.strategy is None and has_spares(trainer.cluster):
         warnings.warn("the cluster keeps spare slices but no strategy is selected, so a failure stops training and "
                       "no spare is used; select one with +strategy=hot_swap.", SpareWarning, stacklevel=3)
-    mode = _training_mode(trainer)
     with clock.measure("startup"):
         train_arrays, static = eqx.partition(state, eqx.is_array)
         sample = jax.tree.map(np.asarray, trainer.data.get_batch(np.zeros(1, dtype=np.int64)))

@@ -51,22 +51,9 @@ hookimpl = pluggy.HookimplMarker(PROJECT_NAME)
 # -------------------------------------------------------------------------
 
 
-@hookspec
-def et_run_start(trainer: TrainerView, state: TrainState) -> None:
-    """Called once, after the initial train state exists and before the first step.
-
-    :param trainer: the trainer about to run; read ``trainer.steps``,
-        ``trainer.cluster`` and ``trainer.run_dir`` from it.
-    :param state: the initial train state, not yet on the mesh (a resumed run
-        restores its checkpoint later, see :func:`et_after_restore`).
-
-    Return value is ignored.
-    """
-
-
 @hookspec(firstresult=True)
 def et_training_mode(trainer: TrainerView) -> AbstractTrainingMode | None:
-    """Called once, after :func:`et_run_start`, to choose how each layout's step is compiled and run.
+    """Called once, before :func:`et_run_start`, to choose how each layout's step is compiled and run.
 
     :param trainer: the trainer about to run; ``trainer.cluster`` is the cluster.
 
@@ -75,6 +62,22 @@ def et_training_mode(trainer: TrainerView) -> AbstractTrainingMode | None:
     synchronous data parallel (:class:`~elastic_trainer.SynchronousMode`, its
     gradients and update split on a multi-controller cluster). Any other
     answer is a plugin error.
+    """
+
+
+@hookspec
+def et_run_start(trainer: TrainerView, state: TrainState, mode: AbstractTrainingMode) -> None:
+    """Called once, after the initial train state exists and before the first step.
+
+    :param trainer: the trainer about to run; read ``trainer.steps``,
+        ``trainer.cluster`` and ``trainer.run_dir`` from it.
+    :param state: the initial train state, not yet on the mesh (a resumed run
+        restores its checkpoint later, see :func:`et_after_restore`).
+    :param mode: the run's training mode (:func:`et_training_mode`'s answer, or
+        :class:`~elastic_trainer.SynchronousMode`): for example, whether and
+        after which steps its boundary work runs (``mode.boundary_due``).
+
+    Return value is ignored.
     """
 
 

@@ -17,7 +17,7 @@ next train step starts (``train_step``: before it is launched), while that
 step runs (``update``: before its update, once the step has taken the state on
 a single controller, once its gradients are computed on ``cluster=multiprocess``),
 while the training mode's boundary work after that step runs (``boundary``:
-``diloco``'s outer step; a scheduled failure there never strikes in another mode),
+``diloco``'s outer step; a run without boundary work there refuses it),
 during the save of step ``at_step``, a restore of the checkpoint of step
 ``at_step``, or while recovering from the failure at step ``at_step`` (a
 second failure)."""
@@ -119,8 +119,9 @@ class Chaos:
         self._random_steps: set[int] = set()  # steps a random failure struck (a retried step is spared)
 
     @et.hookimpl
-    def et_run_start(self, trainer: et.TrainerView) -> None:
-        """Check that the cluster can lose slices and has the ones scheduled, at steps the run reaches."""
+    def et_run_start(self, trainer: et.TrainerView, mode: et.AbstractTrainingMode) -> None:
+        """Check that the cluster can lose slices and has the ones scheduled, at steps the run reaches, in phases
+        the run has there."""
         if not isinstance(trainer.cluster, et.AbstractInjectableCluster):
             raise et.ConfigError(
                 f"chaos needs a cluster that can lose slices (cluster=simulated or cluster=multiprocess), "
@@ -142,6 +143,11 @@ class Chaos:
                 raise et.ConfigError(f"chaos failure at step {failure.at_step} ({failure.phase}) would never strike: "
                                      f"with trainer.steps={trainer.steps} the last {failure.phase} is at step {last}; "
                                      "schedule it earlier or raise trainer.steps.")
+            if failure.phase == "boundary" and not mode.boundary_due(failure.at_step + 1, steps=trainer.steps):
+                raise et.ConfigError(f"chaos failure at step {failure.at_step} (boundary) would never strike: the "
+                                     f"{mode.name} training mode has no boundary work after step {failure.at_step + 1}; "
+                                     "schedule it at a step whose next step ends with one (diloco: every "
+                                     "strategy.inner_steps steps) or pick another phase.")
 
     @et.hookimpl
     def et_step_start(self, trainer: et.RunView, step: int) -> None:

@@ -161,6 +161,16 @@ def test_every_slice_lost_restores_onto_the_slices_back_as_a_resume_onto_those_s
         np.testing.assert_array_equal(named_arrays(trainer.mode_state)[name], array, err_msg=name)
 
 
+@pytest.mark.parametrize(("strategy", "message"), [
+    (None, "the synchronous training mode has no boundary work after step 4"),
+    (DiLoCo(inner_steps=3), "the diloco training mode has no boundary work after step 4"),
+])
+def test_a_failure_scheduled_in_boundary_work_that_never_runs_is_refused(tiny_trainer_kwargs, strategy, message):
+    chaos = Chaos(failures=[{"at_step": 3, "slice": 1, "phase": "boundary"}])
+    with pytest.raises(et.ConfigError, match=rf"chaos failure at step 3 \(boundary\) would never strike: {message}; "):
+        et.Trainer(**tiny_trainer_kwargs(strategy=strategy, plugins=[chaos], steps=6)).fit()
+
+
 def test_a_drop_below_min_slice_count_during_the_outer_step_takes_the_failure_flow(tiny_trainer_kwargs):
     """min_slice_count 3: slice 1 dropped during step 2 leaves 3; slice 2 lost during the outer step after step 4
     would leave 2, so the step fails as a whole: the failure flow restores the host snapshot of step 3 onto the

@@ -21,8 +21,8 @@ class Recorder:
         self.calls.append((name, sorted(kwargs)))
 
     @et.hookimpl
-    def et_run_start(self, trainer, state):
-        self._record("et_run_start", trainer=trainer, state=state)
+    def et_run_start(self, trainer, state, mode):
+        self._record("et_run_start", trainer=trainer, state=state, mode=mode)
 
     @et.hookimpl
     def et_training_mode(self, trainer):
@@ -116,7 +116,7 @@ def test_every_hook_is_prefixed_and_documented():
 STEP = ["et_step_start", "et_before_update", "et_step_end"]
 BOUNDARY = ["et_slice_health", "et_propose_resize"]  # between steps, not after the last
 SAVE = ["et_before_checkpoint_save", "et_after_checkpoint_save"]
-START = ["et_run_start", "et_training_mode", "et_make_mesh", "et_likely_layouts"]
+START = ["et_training_mode", "et_run_start", "et_make_mesh", "et_likely_layouts"]
 
 
 def test_plugin_sees_hooks_of_a_run_in_documented_order(tiny_trainer_kwargs):
