@@ -280,6 +280,7 @@ class DiLoCoStep:
     trained: tuple[int, ...]
     row_shardings: list
     scalars: dict = dataclasses.field(default_factory=dict)  # (program, batch size) -> the scalar on its devices
+    made_rows: dict = dataclasses.field(default_factory=dict)  # replica leaf -> (the array the last step made, its rows)
 
     @property
     def executables(self) -> tuple[Any, ...]:
@@ -292,7 +293,7 @@ class DiLoCoStep:
         step fails as a whole (:class:`~elastic_trainer.StepInterrupted`: the failure flow takes over)."""
         rows, outer = leaves[:self.replica_leaves], leaves[self.replica_leaves:]
         slices = self.mesh.shape[et.SLICE_AXIS]
-        views = [[_row(a, i) for a in rows] for i in range(slices)]  # all of them before any is donated
+        views = [list(v) for v in zip(*(self._rows(j, a) for j, a in enumerate(rows)), strict=True)]  # before any
         batch_leaves, structure = jax.tree.flatten(batch)
         shares = [structure.unflatten([_view(b, [i], (b.shape[0] // slices, *b.shape[1:])) for b in batch_leaves])
                   for i in range(slices)]
@@ -324,9 +325,19 @@ class DiLoCoStep:
         mesh = self.mesh if len(kept) == slices else Mesh(self.mesh.devices[kept], self.mesh.axis_names)
         new_rows = [_assemble([made[i][j] for i in kept], mesh, self.row_shardings[j].spec)
                     for j in range(self.replica_leaves)]
+        self.made_rows.clear()
+        if len(kept) == slices:  # the next step on this layout takes these rows as they are
+            self.made_rows.update((j, (new_rows[j], [made[i][j] for i in kept])) for j in range(self.replica_leaves))
         new_leaves = new_rows + (outer if len(kept) == slices else [_view(a, kept, a.shape) for a in outer])
         monitor.made(new_leaves)
         return new_leaves, float(np.mean(jax.device_get(losses)))
+
+    def _rows(self, leaf: int, array: jax.Array) -> list[jax.Array]:
+        """Each slice's row of ``array``, the replica leaf at ``leaf``: the rows the last step made it from, if
+        it is that step's, else a view of each (no copy either way; making views of every leaf took half of a
+        tiny model's step on the host)."""
+        made, rows = self.made_rows.get(leaf, (None, None))
+        return rows if made is array else [_row(array, i) for i in range(self.mesh.shape[et.SLICE_AXIS])]
 
     def _size(self, program: Any, batch_size: int) -> jax.Array:
         """``batch_size`` on ``program``'s devices, put there once."""
