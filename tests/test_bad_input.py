@@ -307,8 +307,8 @@ def test_each_out_of_bounds_value_is_one_sentence(tmp_path, field, case, message
         case = [o.replace(placeholder, path) for o in case]
         message = message.replace(placeholder, path)
     with pytest.raises(et.ConfigError) as error:
-        check_values(overrides(*case))  # what the command line checks before Hydra composes (types)
-        trainer = build_trainer(compose_config(*overrides(*case)))
+        cfg = check_values(overrides(*case))  # what the command line checks before Hydra composes (types)
+        trainer = build_trainer(cfg)  # the config Hydra then composes, as check_values did
         trainer.fit()  # some values are checked when the run starts, before its first step
     assert str(error.value).startswith(message)
     one_sentence(str(error.value))

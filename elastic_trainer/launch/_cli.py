@@ -264,9 +264,10 @@ def check_group_choices(overrides: list[str]) -> None:
                     raise ConfigError(_unknown_option_message(group, str(choice), options(group), prefix=prefix))
 
 
-def check_values(overrides: list[str]) -> None:
+def check_values(overrides: list[str]) -> DictConfig | None:
     """Raise :class:`ConfigError` when an override names a key the config does not have (the closest one
-    suggested) or gives a value that does not fit its schema (``trainer.steps=ten``).
+    suggested) or gives a value that does not fit its schema (``trainer.steps=ten``); the config composed, or
+    ``None`` where Hydra is left to compose it.
 
     Hydra reports these too, but in several lines and with exit status 1; this
     composes the config first (with the command line's ``hydra.searchpath``)
@@ -275,16 +276,16 @@ def check_values(overrides: list[str]) -> None:
     """
     arguments = [o for o in overrides if not o.startswith("-")]
     if len(arguments) < len(overrides):
-        return  # -m, --cfg job, --config-dir ...: Hydra's own business
+        return None  # -m, --cfg job, --config-dir ...: Hydra's own business
     try:
         parsed = OverridesParser.create().parse_overrides(arguments)
     except HydraException:
-        return  # a syntax error: Hydra explains it
+        return None  # a syntax error: Hydra explains it
     if any(o.is_sweep_override() for o in parsed):
-        return
+        return None
     with initialize_config_module(CONFIG_MODULE, version_base=None):
         try:
-            compose("config", overrides=arguments)
+            return compose("config", overrides=arguments)
         except ConfigCompositionException as error:
             cause = error.__cause__
             if isinstance(cause, OmegaConfBaseException) and cause.full_key == "cluster.spare_slices":
@@ -292,7 +293,8 @@ def check_values(overrides: list[str]) -> None:
             if isinstance(cause, OmegaConfBaseException) and cause.full_key:
                 raise ConfigError(_override_message(cause, _failed_key(error, parsed))) from error
         except Exception:  # noqa: BLE001 - anything else: Hydra composes again and explains it
-            return
+            pass
+    return None
 
 
 def _no_spares_message(overrides: list[Override]) -> str:
