@@ -63,6 +63,7 @@ from ._compiled_step import CompiledStep as CompiledStep, StepMonitor as StepMon
 from ._step import StepFunctions as StepFunctions
 from ._training_mode import AbstractTrainingMode as AbstractTrainingMode, SynchronousMode as SynchronousMode
 from ._strategy import AbstractStrategy as AbstractStrategy, one_slice_lost as one_slice_lost
+from ._stragglers import StragglerDrops as StragglerDrops
 from ._trainer import FitResult as FitResult, Trainer as Trainer
 from .hookspecs import hookimpl as hookimpl, hookspec as hookspec
 from ._grain import GrainDataset as GrainDataset

@@ -13,9 +13,13 @@ import dataclasses
 import statistics
 import time
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ._failures import ConfigError, check_at_least
+from .clusters import vital_slices
+
+if TYPE_CHECKING:
+    from ._protocols import TrainerView
 
 
 @dataclasses.dataclass(frozen=True)
@@ -126,3 +130,43 @@ class StragglerWatch:
     def to_json(self) -> list[dict[str, Any]]:
         """The report's ``stragglers``."""
         return [record.to_json() for record in self.records]
+
+
+class StragglerDrops:
+    """A strategy's resizes at a step boundary when it drops stragglers (``scale_down``'s and ``diloco``'s
+    ``drop_stragglers``): which to drop, and when to take each back, after ``drop_for_steps`` steps out the first
+    time and twice as long each time it is dropped again.
+
+    :param enabled: drop stragglers at all (``strategy.drop_stragglers``).
+    :param drop_for_steps: how many steps a dropped straggler stays out the first time
+        (``strategy.drop_for_steps``).
+    """
+
+    def __init__(self, *, enabled: bool, drop_for_steps: int):
+        check_at_least("strategy.drop_for_steps", drop_for_steps, 1)
+        self.enabled, self.drop_for_steps = enabled, drop_for_steps
+        self._out_until: dict[int, int] = {}  # dropped straggler -> the step it may come back at
+        self._drops: dict[int, int] = {}  # slice -> how often it was dropped
+
+    def propose(self, trainer: TrainerView, healthy_slices: list[int], *, step: int, min_slices: int,
+                scale_up: bool) -> list[int] | None:
+        """The slices to go on with once ``step`` steps are completed (``et_propose_resize``'s answer): those in
+        use less the stragglers to drop; else, with ``scale_up``, every healthy slice not out any more when they
+        are more than those in use; ``None``: no change."""
+        stragglers = self._to_drop(trainer, min_slices=min_slices)
+        if stragglers:
+            for s in stragglers:
+                self._drops[s] = self._drops.get(s, 0) + 1
+                self._out_until[s] = step + self.drop_for_steps * 2 ** (self._drops[s] - 1)
+            return [s for s in trainer.slices if s not in stragglers]
+        back = [s for s in healthy_slices if self._out_until.get(s, 0) <= step]
+        return back if scale_up and len(back) > len(trainer.slices) else None
+
+    def _to_drop(self, trainer: TrainerView, *, min_slices: int) -> list[int]:
+        """The stragglers in use to drop now (``trainer.stragglers``): none unless enabled, never one whose loss
+        would end the job (``cluster.protected_slices``), and none if fewer than ``min_slices`` would be left."""
+        if not self.enabled:
+            return []
+        vital = vital_slices(trainer.cluster)
+        drop = sorted(s for s in trainer.stragglers if s in trainer.slices and s not in vital)
+        return drop if len(trainer.slices) - len(drop) >= min_slices else []

@@ -13,6 +13,7 @@ if TYPE_CHECKING:
     from ._failures import Failure, RecoveryPlan
     from ._protocols import RunView, TrainerView
     from ._state import TrainState
+    from ._training_mode import AbstractTrainingMode
 
 DEFAULT_MAX_RESTARTS = 10
 """How many new worker processes the command may start for a strategy's restarts when the strategy does not say
@@ -59,7 +60,7 @@ class AbstractStrategy(abc.ABC):
     def et_choose_recovery(self, trainer: RunView, failure: Failure) -> RecoveryPlan:
         """How to recover from ``failure`` (:func:`~elastic_trainer.hookspecs.et_choose_recovery`)."""
 
-    def et_run_start(self, trainer: TrainerView, state: TrainState) -> None:
+    def et_run_start(self, trainer: TrainerView, state: TrainState, mode: AbstractTrainingMode) -> None:
         """Check the run before its first step (:func:`~elastic_trainer.hookspecs.et_run_start`); by default,
         nothing to check."""
 

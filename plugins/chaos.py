@@ -145,7 +145,8 @@ class Chaos:
                                      "schedule it earlier or raise trainer.steps.")
             if failure.phase == "boundary" and not mode.boundary_due(failure.at_step + 1, steps=trainer.steps):
                 raise et.ConfigError(f"chaos failure at step {failure.at_step} (boundary) would never strike: the "
-                                     f"{mode.name} training mode has no boundary work after step {failure.at_step + 1}; "
+                                     f"{mode.name} training mode has no boundary work after step "
+                                     f"{failure.at_step + 1}; "
                                      "schedule it at a step whose next step ends with one (diloco: every "
                                      "strategy.inner_steps steps) or pick another phase.")
 

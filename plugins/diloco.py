@@ -36,6 +36,12 @@ class DiLoCo(et.AbstractStrategy):
     :param max_retries: stop after this many failures in a row that took the failure flow (see
         ``retry_reset_steps``); a dropped replica is not one.
     :param retry_reset_steps: a failure at least this many steps past the previous one starts that count again.
+    :param drop_stragglers: at an outer step, go on without the slices in use found to be stragglers
+        (``trainer.straggler_factor`` times slower than the others for ``trainer.straggler_steps`` steps), as
+        long as ``min_slice_count`` are left: the outer step has taken their progress in, so nothing is skipped,
+        and the others stop waiting for them at every step. Each is taken back at an outer step after
+        ``drop_for_steps`` steps (twice as long each time it is dropped again).
+    :param drop_for_steps: how many steps a dropped straggler stays out the first time.
     """
 
     name = "diloco"
@@ -44,7 +50,8 @@ class DiLoCo(et.AbstractStrategy):
     def __init__(self, inner_steps: int = 10, outer_lr: float = 0.7, outer_momentum: float = 0.9,
                  nesterov: bool = True, min_slice_count: int = 1, timeout_s: float = 300.0, scale_up: bool = True,
                  compile_ahead: bool = True, max_retries: int = 10,
-                 retry_reset_steps: int = et.RetryBudget.DEFAULT_RESET_STEPS):
+                 retry_reset_steps: int = et.RetryBudget.DEFAULT_RESET_STEPS, drop_stragglers: bool = False,
+                 drop_for_steps: int = 20):
         for name, value, low in (("inner_steps", inner_steps, 1), ("min_slice_count", min_slice_count, 1)):
             if value < low:
                 raise et.ConfigError(f"strategy.{name} must be at least {low}, got {value}.")
@@ -58,10 +65,11 @@ class DiLoCo(et.AbstractStrategy):
         self.outer_lr, self.outer_momentum, self.nesterov = outer_lr, outer_momentum, nesterov
         self.scale_up, self.compile_ahead = scale_up, compile_ahead
         self.retries = et.RetryBudget(self.name, max_retries, retry_reset_steps)
+        self.drops = et.StragglerDrops(enabled=drop_stragglers, drop_for_steps=drop_for_steps)
         self._step = 0  # steps completed, as of the last step's end
 
     @et.hookimpl
-    def et_run_start(self, trainer: et.TrainerView, state: et.TrainState) -> None:
+    def et_run_start(self, trainer: et.TrainerView, state: et.TrainState, mode: et.AbstractTrainingMode) -> None:
         """Refuse more slices asked for than the cluster has, and a global batch whose per-slice share does not
         divide over a slice's devices."""
         slices = et.mesh_slice_count(trainer.cluster)
@@ -96,12 +104,14 @@ class DiLoCo(et.AbstractStrategy):
 
     @et.hookimpl
     def et_step_end(self, trainer: et.TrainerView, step: int, metrics: dict) -> None:
-        """Note the steps completed: slices are taken back only at an outer step."""
+        """Note the steps completed: slices are dropped for being slow and taken back only at an outer step."""
         self._step = step
 
     @et.hookimpl
     def et_propose_resize(self, trainer: et.TrainerView, healthy_slices: list[int]) -> list[int] | None:
-        """At an outer step (``scale_up``), take back every healthy slice when more are healthy than in use."""
-        if self.scale_up and self._step % self.inner_steps == 0 and len(healthy_slices) > len(trainer.slices):
-            return healthy_slices
-        return None
+        """At an outer step, drop the stragglers in use (``drop_stragglers``); else (``scale_up``) take back every
+        healthy slice when more are healthy than in use, less the dropped stragglers whose time out is not over."""
+        if self._step % self.inner_steps:
+            return None
+        return self.drops.propose(trainer, healthy_slices, step=self._step, min_slices=self.min_slice_count,
+                                  scale_up=self.scale_up)

@@ -280,7 +280,7 @@ class DiLoCoStep:
     trained: tuple[int, ...]
     row_shardings: list
     scalars: dict = dataclasses.field(default_factory=dict)  # (program, batch size) -> the scalar on its devices
-    made_rows: dict = dataclasses.field(default_factory=dict)  # replica leaf -> (the array the last step made, its rows)
+    made_rows: dict = dataclasses.field(default_factory=dict)  # replica leaf -> (the array a step made, its rows)
 
     @property
     def executables(self) -> tuple[Any, ...]:

@@ -45,10 +45,10 @@ class Fallback(et.AbstractStrategy):
             self.restarts_process, self.max_restarts = True, restarting[0].max_restarts
 
     @et.hookimpl
-    def et_run_start(self, trainer: et.TrainerView, state: et.TrainState) -> None:
+    def et_run_start(self, trainer: et.TrainerView, state: et.TrainState, mode: et.AbstractTrainingMode) -> None:
         """Let every member check the run (``scale_down``: its batch and ``min_slice_count``)."""
         for strategy in self.strategies:
-            strategy.et_run_start(trainer=trainer, state=state)
+            strategy.et_run_start(trainer=trainer, state=state, mode=mode)
 
     @et.hookimpl
     def et_choose_recovery(self, trainer: et.RunView, failure: et.Failure) -> et.RecoveryPlan:

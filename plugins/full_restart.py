@@ -22,7 +22,7 @@ class FullRestart(et.AbstractStrategy):
         self.max_restarts = max_restarts
 
     @et.hookimpl
-    def et_run_start(self, trainer: et.TrainerView, state: et.TrainState) -> None:
+    def et_run_start(self, trainer: et.TrainerView, state: et.TrainState, mode: et.AbstractTrainingMode) -> None:
         """Warn once when the cluster keeps spares: a fresh worker starts on the first slices again, so a spare
         never takes a lost slice's place."""
         if et.has_spares(trainer.cluster):

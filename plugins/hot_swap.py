@@ -33,7 +33,7 @@ class HotSwap(et.AbstractStrategy):
         self.compile_ahead = compile_ahead
 
     @et.hookimpl
-    def et_run_start(self, trainer: et.TrainerView, state: et.TrainState) -> None:
+    def et_run_start(self, trainer: et.TrainerView, state: et.TrainState, mode: et.AbstractTrainingMode) -> None:
         """Warn once when the cluster has no spare to swap in."""
         if not et.has_spares(trainer.cluster):
             warnings.warn(f"hot_swap on a cluster without spares ({trainer.cluster.kind}) swaps in nothing: alone it "

@@ -66,8 +66,6 @@ class ScaleDown(et.AbstractStrategy):
             raise et.ConfigError(f"strategy.timeout_s must be at least 0, got {timeout_s}.")
         if batch_policy not in BATCH_POLICIES:
             raise et.ConfigError(f"strategy.batch_policy must be one of {BATCH_POLICIES}, got {batch_policy!r}.")
-        if drop_for_steps < 1:
-            raise et.ConfigError(f"strategy.drop_for_steps must be at least 1, got {drop_for_steps}.")
         if lr_scaling not in LR_SCALINGS:
             raise et.ConfigError(f"strategy.lr_scaling must be one of {LR_SCALINGS}, got {lr_scaling!r}.")
         self.min_slice_count = min_slice_count
@@ -77,14 +75,11 @@ class ScaleDown(et.AbstractStrategy):
         self.lr_scaling = lr_scaling
         self.retries = et.RetryBudget(self.name, max_retries, retry_reset_steps)
         self.compile_ahead = compile_ahead
-        self.drop_stragglers = drop_stragglers
-        self.drop_for_steps = drop_for_steps
+        self.drops = et.StragglerDrops(enabled=drop_stragglers, drop_for_steps=drop_for_steps)
         self._step = 0  # steps completed, as of the last step's end
-        self._out_until: dict[int, int] = {}  # dropped straggler -> the step it may come back at
-        self._drops: dict[int, int] = {}  # slice -> how often it was dropped
 
     @et.hookimpl
-    def et_run_start(self, trainer: et.TrainerView, state: et.TrainState) -> None:
+    def et_run_start(self, trainer: et.TrainerView, state: et.TrainState, mode: et.AbstractTrainingMode) -> None:
         """Check that the cluster has enough slices to ever satisfy ``min_slice_count``, and, under
         ``keep_global``, that the global batch divides over every device count the run may scale down to."""
         slices = et.mesh_slice_count(trainer.cluster)
@@ -123,25 +118,8 @@ class ScaleDown(et.AbstractStrategy):
     def et_propose_resize(self, trainer: et.TrainerView, healthy_slices: list[int]) -> list[int] | None:
         """Drop the stragglers in use (``drop_stragglers``); else take back every healthy slice when more are
         healthy than in use, less the dropped stragglers whose time out is not over."""
-        stragglers = self._stragglers_to_drop(trainer)
-        if stragglers:
-            for s in stragglers:
-                self._drops[s] = self._drops.get(s, 0) + 1
-                self._out_until[s] = self._step + self.drop_for_steps * 2 ** (self._drops[s] - 1)
-            return [s for s in trainer.slices if s not in stragglers]
-        back = [s for s in healthy_slices if self._out_until.get(s, 0) <= self._step]
-        if self.scale_up and len(back) > len(trainer.slices):
-            return back
-        return None
-
-    def _stragglers_to_drop(self, trainer: et.TrainerView) -> list[int]:
-        """The stragglers in use to drop now: none unless ``drop_stragglers``, never one whose loss would end the
-        job (``cluster.protected_slices``), and none if fewer than ``min_slice_count`` slices would be left."""
-        if not self.drop_stragglers:
-            return []
-        vital = et.vital_slices(trainer.cluster)
-        drop = sorted(s for s in trainer.stragglers if s in trainer.slices and s not in vital)
-        return drop if len(trainer.slices) - len(drop) >= self.min_slice_count else []
+        return self.drops.propose(trainer, healthy_slices, step=self._step, min_slices=self.min_slice_count,
+                                  scale_up=self.scale_up)
 
 
 def _check_batch_divides(batch_size: int, *, devices_per_slice: int, slice_counts: range) -> None:

@@ -14,6 +14,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 from test_fault_matrix import named_arrays
 
 import elastic_trainer as et
+from elastic_trainer._stragglers import StragglerRule
 from elastic_trainer_plugins.chaos import Chaos
 from elastic_trainer_plugins.diloco import DiLoCo
 from elastic_trainer_plugins.diloco_mode import DiLoCoMode, DiLoCoState
@@ -115,6 +116,27 @@ def test_a_slice_lost_during_the_outer_step_is_dropped_and_the_outer_step_runs_o
                                                                "skipped": 16}
     for name, array in named_arrays(expected.mode_state).items():
         np.testing.assert_array_equal(named_arrays(trainer.mode_state)[name], array, err_msg=name)
+
+
+def test_a_straggler_is_dropped_at_an_outer_step_and_taken_back_at_one_with_no_sample_skipped(tiny_trainer_kwargs):
+    """Slice 2 six times slower from its second step on (drop_stragglers, H = 4, found after 3 slow steps): it is
+    left out at the first outer step once found, whose mean took its progress in, so no sample is skipped; it is
+    taken back at the outer step drop_for_steps (4) later, still slow, and dropped again once found again.
+    Every slice's own time is measured for real here, so a loaded machine may find another slice slow too: the
+    checks are on slice 2's resizes."""
+    strategy = DiLoCo(inner_steps=4, drop_stragglers=True, drop_for_steps=4)
+    slow = Chaos(failures=[{"at_step": 1, "slice": 2, "slow": 6}])
+    _, _, report = diloco_run(tiny_trainer_kwargs, slow, strategy=strategy, steps=18,
+                              straggler_rule=StragglerRule(factor=2.0, steps=3))
+    assert all(resize["step"] % 4 == 0 for resize in report["resizes"])  # at outer steps only
+    found = next(s["detected_at_step"] for s in report["stragglers"] if s["slice"] == 2)
+    dropped = -(-found // 4) * 4  # the first outer step once found
+    slice_2 = [(r["step"], r["reason"]) for r in report["resizes"] if (2 in r["slices"]) == (r["reason"] == "scale_up")]
+    assert slice_2[:2] == [(dropped, "dropped"), (dropped + 4, "scale_up")]
+    assert [reason for _, reason in slice_2[2:]] == ["dropped"]  # slow still: found and dropped again
+    assert report["failures"] == []
+    samples = report["samples"]
+    assert (samples["duplicated"], samples["skipped"]) == (0, 0) and samples["consumed"] == report["data_position"]
 
 
 class StopAfter:
