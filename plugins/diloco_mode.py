@@ -293,7 +293,8 @@ class DiLoCoStep:
         step fails as a whole (:class:`~elastic_trainer.StepInterrupted`: the failure flow takes over)."""
         rows, outer = leaves[:self.replica_leaves], leaves[self.replica_leaves:]
         slices = self.mesh.shape[et.SLICE_AXIS]
-        views = [list(v) for v in zip(*(self._rows(j, a) for j, a in enumerate(rows)), strict=True)]  # before any
+        # every slice's rows, before any is donated
+        views = [list(v) for v in zip(*(self._rows(j, a) for j, a in enumerate(rows)), strict=True)]
         batch_leaves, structure = jax.tree.flatten(batch)
         shares = [structure.unflatten([_view(b, [i], (b.shape[0] // slices, *b.shape[1:])) for b in batch_leaves])
                   for i in range(slices)]
