@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import threading
+import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -280,7 +281,7 @@ class DiLoCoStep:
     trained: tuple[int, ...]
     row_shardings: list
     scalars: dict = dataclasses.field(default_factory=dict)  # (program, batch size) -> the scalar on its devices
-    made_rows: dict = dataclasses.field(default_factory=dict)  # replica leaf -> (the array a step made, its rows)
+    made_rows: dict = dataclasses.field(default_factory=dict)  # replica leaf -> (a step's array, weakly; its rows)
 
     @property
     def executables(self) -> tuple[Any, ...]:
@@ -328,7 +329,8 @@ class DiLoCoStep:
                     for j in range(self.replica_leaves)]
         self.made_rows.clear()
         if len(kept) == slices:  # the next step on this layout takes these rows as they are
-            self.made_rows.update((j, (new_rows[j], [made[i][j] for i in kept])) for j in range(self.replica_leaves))
+            for j in range(self.replica_leaves):
+                self._remember(j, new_rows[j], [made[i][j] for i in kept])
         new_leaves = new_rows + (outer if len(kept) == slices else [_view(a, kept, a.shape) for a in outer])
         monitor.made(new_leaves)
         return new_leaves, float(np.mean(jax.device_get(losses)))
@@ -337,8 +339,18 @@ class DiLoCoStep:
         """Each slice's row of ``array``, the replica leaf at ``leaf``: the rows the last step made it from, if
         it is that step's, else a view of each (no copy either way; making views of every leaf took half of a
         tiny model's step on the host)."""
-        made, rows = self.made_rows.get(leaf, (None, None))
-        return rows if made is array else [_row(array, i) for i in range(self.mesh.shape[et.SLICE_AXIS])]
+        made, rows = self.made_rows.get(leaf, (lambda: None, None))
+        return rows if made() is array else [_row(array, i) for i in range(self.mesh.shape[et.SLICE_AXIS])]
+
+    def _remember(self, leaf: int, array: jax.Array, rows: list[jax.Array]) -> None:
+        """Keep ``rows``, which ``array`` (the replica leaf at ``leaf``) was made from, for as long as ``array``
+        lives: once the run has let go of it (a resize, a restore), its rows are let go of too."""
+
+        def forget(ref: weakref.ref) -> None:
+            if self.made_rows.get(leaf, (None,))[0] is ref:
+                del self.made_rows[leaf]
+
+        self.made_rows[leaf] = (weakref.ref(array, forget), rows)
 
     def _size(self, program: Any, batch_size: int) -> jax.Array:
         """``batch_size`` on ``program``'s devices, put there once."""

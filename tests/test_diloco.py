@@ -126,8 +126,8 @@ def test_a_straggler_is_dropped_at_an_outer_step_and_taken_back_at_one_with_no_s
     checks are on slice 2's resizes."""
     strategy = DiLoCo(inner_steps=4, drop_stragglers=True, drop_for_steps=4)
     slow = Chaos(failures=[{"at_step": 1, "slice": 2, "slow": 6}])
-    _, _, report = diloco_run(tiny_trainer_kwargs, slow, strategy=strategy, steps=18,
-                              straggler_rule=StragglerRule(factor=2.0, steps=3))
+    trainer, _, report = diloco_run(tiny_trainer_kwargs, slow, strategy=strategy, steps=18,
+                                    straggler_rule=StragglerRule(factor=2.0, steps=3))
     assert all(resize["step"] % 4 == 0 for resize in report["resizes"])  # at outer steps only
     found = next(s["detected_at_step"] for s in report["stragglers"] if s["slice"] == 2)
     dropped = -(-found // 4) * 4  # the first outer step once found
@@ -138,6 +138,8 @@ def test_a_straggler_is_dropped_at_an_outer_step_and_taken_back_at_one_with_no_s
             in_use = not in_use
     assert slice_2[:2] == [(dropped, "dropped"), (dropped + 4, "scale_up")]
     assert [reason for _, reason in slice_2[2:]] == ["dropped"]  # slow still: found and dropped again
+    # out now: the four slices' step kept the rows of its last step only as long as the state it made lived
+    assert trainer._ctx.layouts.make((0, 1, 2, 3)).compiled.made_rows == {}
     assert report["failures"] == []
     samples = report["samples"]
     assert (samples["duplicated"], samples["skipped"]) == (0, 0) and samples["consumed"] == report["data_position"]
