@@ -120,13 +120,14 @@ def test_a_slice_lost_during_the_outer_step_is_dropped_and_the_outer_step_runs_o
 
 def test_a_straggler_is_dropped_at_an_outer_step_and_taken_back_at_one_with_no_sample_skipped(tiny_trainer_kwargs):
     """Slice 2 six times slower from its second step on (drop_stragglers, H = 4, found after 3 slow steps): it is
-    left out at the first outer step once found, whose mean took its progress in, so no sample is skipped; it is
-    taken back at the outer step drop_for_steps (4) later, still slow, and dropped again once found again.
-    Every slice's own time is measured for real here, so a loaded machine may find another slice slow too: the
-    checks are on slice 2's resizes."""
+    left out at the first outer step once found, whose mean took its progress in, so no sample is skipped, and
+    taken back at the outer step drop_for_steps (4) later. Every slice's own time is measured for real here, so
+    when it is found, and whether it is found again on trial, follow the machine's load, and another slice may be
+    found slow too: the checks are on slice 2's resizes, relative to when it was found. (What a strategy does
+    with a straggler back on trial is scale_down's rule too, tests/test_stragglers.py.)"""
     strategy = DiLoCo(inner_steps=4, drop_stragglers=True, drop_for_steps=4)
     slow = Chaos(failures=[{"at_step": 1, "slice": 2, "slow": 6}])
-    trainer, _, report = diloco_run(tiny_trainer_kwargs, slow, strategy=strategy, steps=18,
+    trainer, _, report = diloco_run(tiny_trainer_kwargs, slow, strategy=strategy, steps=24,
                                     straggler_rule=StragglerRule(factor=2.0, steps=3))
     assert all(resize["step"] % 4 == 0 for resize in report["resizes"])  # at outer steps only
     found = next(s["detected_at_step"] for s in report["stragglers"] if s["slice"] == 2)
@@ -137,9 +138,9 @@ def test_a_straggler_is_dropped_at_an_outer_step_and_taken_back_at_one_with_no_s
             slice_2.append((resize["step"], resize["reason"]))
             in_use = not in_use
     assert slice_2[:2] == [(dropped, "dropped"), (dropped + 4, "scale_up")]
-    assert [reason for _, reason in slice_2[2:]] == ["dropped"]  # slow still: found and dropped again
-    # out now: the four slices' step kept the rows of its last step only as long as the state it made lived
-    assert trainer._ctx.layouts.make((0, 1, 2, 3)).compiled.made_rows == {}
+    # the layout left last kept the rows of its last step only as long as the state it made lived
+    left = (0, 1, 3) if 2 in trainer.slices else (0, 1, 2, 3)
+    assert trainer._ctx.layouts.make(left).compiled.made_rows == {}
     assert report["failures"] == []
     samples = report["samples"]
     assert (samples["duplicated"], samples["skipped"]) == (0, 0) and samples["consumed"] == report["data_position"]
