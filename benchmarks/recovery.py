@@ -273,7 +273,7 @@ def sizes(tmp: Path, env: dict, args: argparse.Namespace) -> None:
         rows = badput_rows(tmp, env, args, tuple(overrides))
         print_badput(rows)
         table.append((name, state_bytes(overrides) / 1e6, rows))
-    print(f"\n| model | state (MB) | step (s) | " + " | ".join(
+    print("\n| model | state (MB) | step (s) | " + " | ".join(
         f"{kind}: badput s (recovery s, lost steps)" for kind in BADPUT_KINDS) + " | ratio |")
     print("|---|---|---|" + "---|" * len(BADPUT_KINDS) + "---|")
     for name, state_mb, rows in table:

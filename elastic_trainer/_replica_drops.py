@@ -16,7 +16,7 @@ from collections.abc import Sequence
 import jax
 
 from ._failures import StepInterrupted, TrainingStopped
-from ._records import Layout, LoopState
+from ._records import LoopState
 from ._recovery import TrainingContext, classify, ends_run_if_stopped, lost_slices, skip_training_of
 from ._step_runner import StepResult
 
@@ -45,6 +45,8 @@ def drop_replicas(ctx: TrainingContext, state: LoopState, done: StepResult, erro
     with ends_run_if_stopped(ctx, index):
         if not failure.elastic:
             raise TrainingStopped(f"step {state.step + 1} failed with a fatal error: {error}")
+    if ctx.checkpoints is not None:  # on a runtime of several processes, the saves go on over the live ones
+        ctx.checkpoints.regroup(slices=layout.slices, since=state.incarnations)
     begin = time.time()
     new = ctx.layouts.make(survivors)
     held_on = jax.tree.leaves(done.arrays)[0].sharding.mesh  # the mesh of the slices that hold the state

@@ -46,6 +46,8 @@ class RestoreRequest:
     :param consumed: the failed step had taken the state from every slice (it is donated).
     :param donor: for a rejoin: the position in ``new`` of the live slice whose state every slice gets; ``None``
         for a recovery.
+    :param returning: for a rejoin: the positions in ``new`` of the slices taken back, which alone take the donor's
+        part of a state held per slice (a semi-synchronous mode's rows).
     """
 
     arrays: PyTree
@@ -56,6 +58,7 @@ class RestoreRequest:
     since: tuple[int, ...]
     consumed: bool = False
     donor: int | None = None
+    returning: tuple[int, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -188,7 +191,8 @@ def checkpoint_onto(ctx: TrainingContext, layout: Layout, *, since: tuple[int, .
 class Peer(RestoreSource):
     """A live slice's state, sent over the collectives to the slices that return (a rejoin): every slice of
     ``request.new`` gets the shards of the slice at position ``request.donor`` (the others' hold zeros, or a
-    replacement's fresh state). Every process of the grown job restores from it alike, in the same order: the
+    replacement's fresh state), but for each slice's own part of the state (a row per slice), which only the
+    returning slices take. Every process of the grown job restores from it alike, in the same order: the
     program is compiled first and run only once the processes have agreed on who lives (a replacement gets here
     after compiling its whole step, long after the live processes: at 16 processes on 2 cores, more than the 30 s
     gloo gives a peer to join a collective on a new backend); then checkpoints regroup over them. No restore hook
@@ -202,7 +206,7 @@ class Peer(RestoreSource):
     def restore(self, ctx: TrainingContext, request: RestoreRequest) -> Restored:
         slices = request.new.slices
         with ctx.clock.measure("remesh"):
-            spread = compile_from_peers(request.arrays, request.new.shardings, request.donor)
+            spread = compile_from_peers(request.arrays, request.new.shardings, request.donor, request.returning)
             ctx.cluster.synchronize(SyncCall.STATE_SHARING, slices, since=ctx.cluster.incarnations())
             arrays = spread(request.arrays)
             jax.block_until_ready(arrays)

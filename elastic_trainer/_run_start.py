@@ -28,7 +28,6 @@ from ._take_back import take_back
 from ._watchdog import Watchdog
 from ._failures import PluginError, SpareWarning
 from ._plugins import answering
-from ._strategy import refuse_off_one_controller
 from ._training_mode import AbstractTrainingMode, SynchronousMode
 from .clusters import AbstractMultiControllerCluster, admission_of, has_spares
 
@@ -46,8 +45,6 @@ def start_run(trainer: Trainer, *, watchdog: Watchdog, failures: FailureLog) -> 
         trainer.cluster.configure_jax()
         state = init_train_state(trainer.model, trainer.optimizer,
                                  key=jax.random.fold_in(jax.random.key(trainer.seed), 1))
-    if isinstance(trainer.cluster, AbstractMultiControllerCluster):
-        refuse_off_one_controller(trainer.strategy, trainer.cluster.kind)
     mode = _training_mode(trainer)
     trainer.hook.et_run_start(trainer=trainer, state=state, mode=mode)
     if trainer.strategy is None and has_spares(trainer.cluster):

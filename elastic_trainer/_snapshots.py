@@ -30,12 +30,19 @@ class Snapshot(NamedTuple):
 
 
 def host_copy(array: jax.Array) -> np.ndarray:
-    """``array`` copied to host memory of its own: a replicated array from one device.
+    """``array`` copied to host memory of its own: a replicated array from one device; on a runtime of several
+    processes, an array split over them (a semi-synchronous mode's rows, a row per slice) with this process's
+    shards in place and zeros elsewhere, which the memory does not hold until written (``np.zeros``).
 
     On CPU ``np.asarray`` gives a view of the device buffer, which must not
     be kept: the next step, donated that buffer, would then allocate a new one
     instead of reusing it, and the copy would not be one.
     """
+    if not array.sharding.is_fully_replicated and not array.is_fully_addressable:
+        host = np.zeros(array.shape, array.dtype)
+        for shard in array.addressable_shards:
+            host[shard.index] = np.asarray(shard.data)
+        return host
     host = np.asarray(array.addressable_data(0) if array.sharding.is_fully_replicated else array)
     return host if host.flags.owndata else host.copy()
 

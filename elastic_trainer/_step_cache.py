@@ -149,6 +149,7 @@ class StepCache:
         """Forget every compiled step once the compile under way has ended: the backend they run on is going."""
         self._background.shutdown(wait=True, cancel_futures=True)
         self._futures.clear()
+        self.mode.forget_compiled()
         self._in_use = None
         self._background = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="et-compile")
 

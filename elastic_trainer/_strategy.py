@@ -6,8 +6,6 @@ import abc
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from ._failures import ConfigError
-from ._plugins import strategy_name
 
 if TYPE_CHECKING:
     from ._failures import Failure, RecoveryPlan
@@ -18,14 +16,6 @@ if TYPE_CHECKING:
 DEFAULT_MAX_RESTARTS = 10
 """How many new worker processes the command may start for a strategy's restarts when the strategy does not say
 (its ``max_restarts``)."""
-
-
-def refuse_off_one_controller(strategy: object | None, cluster_kind: str) -> None:
-    """Raise :class:`ConfigError` when ``strategy`` does not run on a multi-controller cluster
-    (:attr:`AbstractStrategy.multi_controller`), which ``cluster_kind`` is."""
-    if strategy is not None and not getattr(strategy, "multi_controller", True):
-        raise ConfigError(f"strategy {strategy_name(strategy)} runs on a single controller (cluster=simulated, "
-                          f"cluster=pathways), not yet on cluster={cluster_kind}; choose another strategy there.")
 
 
 def one_slice_lost(slices: Sequence[int], *, at_least: int = 0) -> list[list[int]]:
@@ -52,9 +42,6 @@ class AbstractStrategy(abc.ABC):
     """The report's ``strategy``."""
     max_restarts: int = DEFAULT_MAX_RESTARTS
     """How many new worker processes the command may start when this strategy's plans restart the process."""
-    multi_controller: ClassVar[bool] = True
-    """Whether the strategy runs where each process runs its own part of every program (``cluster=multiprocess``);
-    where not, the command refuses it there before it starts a process, and the trainer before its first step."""
 
     @abc.abstractmethod
     def et_choose_recovery(self, trainer: RunView, failure: Failure) -> RecoveryPlan:

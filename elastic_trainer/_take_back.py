@@ -42,8 +42,9 @@ def take_back(ctx, state: LoopState, slices: Sequence[int], returning: Sequence[
     if not joined:  # the replacements did not come: the job goes on as it was
         return dataclasses.replace(state, at_boundary=False)
     new = ctx.layouts.make(slices)
-    arrays = share_state(ctx, from_host(host, ctx.abstract, new.shardings), new,
-                         donor=donor_of(new.slices, returning), step=state.step)
+    abstract = ctx.mode.abstract(ctx.abstract, slices=len(new.slices))
+    arrays = share_state(ctx, from_host(host, abstract, new.shardings), new, donor=donor_of(new.slices, returning),
+                         returning=returning, step=state.step)
     ctx.layouts.record_resize(state.step, old, new, reason="rejoined", seconds=time.time() - begin,
                               state_from_peer=joined)
     return dataclasses.replace(state, arrays=arrays, layout=new, incarnations=ctx.cluster.incarnations(),
@@ -53,14 +54,17 @@ def take_back(ctx, state: LoopState, slices: Sequence[int], returning: Sequence[
 def join(ctx, arrays: PyTree, layout: Layout, admission: Admission) -> LoopState:
     """In a replacement, once its layout is made: the state the live processes hold (:func:`share_state`), at the
     step and data position they are at."""
-    arrays = share_state(ctx, arrays, layout, donor=admission.donor, step=admission.step)
+    arrays = share_state(ctx, arrays, layout, donor=admission.donor, returning=admission.returning,
+                         step=admission.step)
     return LoopState(arrays, layout, step=admission.step, position=admission.position,
                      incarnations=ctx.cluster.incarnations())
 
 
-def share_state(ctx, arrays: PyTree, layout: Layout, *, donor: int, step: int) -> PyTree:
+def share_state(ctx, arrays: PyTree, layout: Layout, *, donor: int, returning: Sequence[int], step: int) -> PyTree:
     """What every process of a grown job does alike, in the same order: the state on ``layout``, every slice's from
-    the slice at position ``donor`` (the restore policy's :class:`~elastic_trainer._restore_sources.Peer`)."""
+    the slice at position ``donor``, but each slice's own part, which only the ``returning`` slices take (the
+    restore policy's :class:`~elastic_trainer._restore_sources.Peer`)."""
     request = RestoreRequest(arrays, old=layout, survivors=(), new=layout, step=step,
-                             since=ctx.cluster.incarnations(), donor=donor)
+                             since=ctx.cluster.incarnations(), donor=donor,
+                             returning=tuple(layout.slices.index(s) for s in returning))
     return restore_from_best(ctx, request).arrays

@@ -93,6 +93,10 @@ class AbstractTrainingMode(abc.ABC):
         (:meth:`StepMonitor.dropped`) is asked."""
         return step
 
+    def forget_compiled(self) -> None:
+        """The backend is restarting (a rejoin on ``cluster=multiprocess``): let go of the programs the mode keeps
+        beyond a layout's compiled step (they run on the old backend's devices). Nothing by default."""
+
     @abc.abstractmethod
     def compile(self, functions: StepFunctions, abstract: PyTree, batch: PyTree, mesh: Mesh, *,
                 within_slice: WithinSlice) -> tuple[CompiledStep, PyTree]:

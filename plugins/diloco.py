@@ -7,7 +7,9 @@ default, DiLoCo's). A slice lost during the inner steps is dropped with its
 replica and the others go on without a pause; its samples since the last
 outer step are counted as skipped. A slice lost during the outer step is
 dropped and the step runs again over the others. A healthy slice is taken
-back in at an outer step, with the outer parameters. The training mode is in
+back in at an outer step, with the outer parameters. On ``cluster=multiprocess``
+the processes meet only at outer steps, where a process lost meanwhile is
+found and its replica dropped. The training mode is in
 ``diloco_mode.py``; docs/plugins.md, "A mode whose slices each keep a part of their own".
 """
 
@@ -45,7 +47,6 @@ class DiLoCo(et.AbstractStrategy):
     """
 
     name = "diloco"
-    multi_controller = False  # each process would run its own replica: not built yet
 
     def __init__(self, inner_steps: int = 10, outer_lr: float = 0.7, outer_momentum: float = 0.9,
                  nesterov: bool = True, min_slice_count: int = 1, timeout_s: float = 300.0, scale_up: bool = True,

@@ -10,7 +10,9 @@ collective crosses slices, and a slice lost in its program takes only its row
 with it (:meth:`~elastic_trainer.StepMonitor.dropped`). The boundary (the
 outer step) is one program over the layout's mesh: the mean of the replicas'
 parameters, the outer optimizer's step on ``outer - mean``, and the new outer
-parameters copied into every row.
+parameters copied into every row. On a runtime of several processes each runs
+its own slices' programs and holds their rows; the processes meet only at the
+outer step (docs/architecture.md, "Dropped replicas").
 """
 
 from __future__ import annotations
@@ -148,10 +150,15 @@ class DiLoCoMode(et.AbstractTrainingMode):
         )
         share = jax.tree.map(lambda b: jax.ShapeDtypeStruct((b.shape[0] // slices, *b.shape[1:]), b.dtype), batch)
         inner = [self._inner_program(functions, row, share, Mesh(mesh.devices[i:i + 1], mesh.axis_names),
-                                     within_slice) for i in range(slices)]
+                                     within_slice) if _own(mesh.devices[i]) else None for i in range(slices)]
         outer = _compile_outer(self.outer_optimizer, abstract, shardings)
         return DiLoCoStep(mesh, tuple(inner), outer, len(jax.tree.leaves(row)), tuple(_trained(row.params)),
                           jax.tree.leaves(shardings.replicas)), shardings
+
+    def forget_compiled(self) -> None:
+        """Let go of every slice's program: the backend they were compiled for is going."""
+        with self._lock:
+            self._programs.clear()
 
     def _inner_program(self, functions: et.StepFunctions, row: et.TrainState, share: PyTree, mesh: Mesh,
                        within_slice: et.WithinSlice) -> Any:
@@ -213,14 +220,21 @@ def _compile_outer(optimizer: optax.GradientTransformation, abstract: DiLoCoStat
     return jitted.lower(rows, abstract.outer_params, jax.tree.leaves(abstract.outer_opt_state)).compile()
 
 
+def _own(devices: np.ndarray) -> bool:
+    """Whether this process runs the slice of ``devices``: on a runtime of several processes, each runs its own
+    slices' programs alone (a slice of several processes, each of them)."""
+    return any(d.process_index == jax.process_index() for d in devices.flat)
+
+
 def _view(array: jax.Array, rows: Sequence[int], shape: tuple[int, ...]) -> jax.Array:
     """The shards of ``array`` on ``rows`` of its mesh (slices), as an array of ``shape`` on those slices alone:
-    no copy."""
+    no copy (this process's shards; another process's slices hold theirs)."""
     mesh = array.sharding.mesh
     kept = Mesh(mesh.devices[list(rows)], mesh.axis_names)
     by_device = {shard.device: shard.data for shard in array.addressable_shards}
     return jax.make_array_from_single_device_arrays(
-        shape, NamedSharding(kept, array.sharding.spec), [by_device[d] for d in kept.devices.flat if d in by_device])
+        shape, NamedSharding(kept, array.sharding.spec), [by_device[d] for d in kept.devices.flat if d in by_device],
+        dtype=array.dtype)
 
 
 def _row(array: jax.Array, position: int) -> jax.Array:
@@ -228,24 +242,26 @@ def _row(array: jax.Array, position: int) -> jax.Array:
     return _view(array, [position], (1, *array.shape[1:]))
 
 
-def _assemble(parts: Sequence[jax.Array], mesh: Mesh, spec: PartitionSpec) -> jax.Array:
-    """One row per array of ``parts`` (each on one slice of ``mesh``, in its order) as one array over ``mesh``."""
+def _assemble(parts: Sequence[jax.Array], mesh: Mesh, spec: PartitionSpec, like: jax.Array) -> jax.Array:
+    """The rows of ``parts`` (each one row on one slice of ``mesh``: those this process holds) as one array with a
+    row per slice of ``mesh``, shaped and typed like ``like``'s rows."""
     by_device = {shard.device: shard.data for part in parts for shard in part.addressable_shards}
     return jax.make_array_from_single_device_arrays(
-        (len(parts), *parts[0].shape[1:]), NamedSharding(mesh, spec),
-        [by_device[d] for d in mesh.devices.flat if d in by_device])
+        (mesh.shape[et.SLICE_AXIS], *like.shape[1:]), NamedSharding(mesh, spec),
+        [by_device[d] for d in mesh.devices.flat if d in by_device], dtype=like.dtype)
 
 
 def _move_rows(array: jax.Array, mesh: Mesh, positions: Sequence[int], sharding: NamedSharding, *,
                new_row: jax.Array | None) -> jax.Array:
     """The rows at ``positions`` of ``array`` (over ``mesh``) on ``sharding``'s mesh: a slice there keeps its own
-    row if it was kept, and if it is new gets ``new_row`` (one row's value), or a copy of the first kept row."""
+    row if it was kept, and if it is new gets ``new_row`` (one row's value), or a copy of the first kept row (only
+    where this process runs the new slice)."""
     kept = {tuple(mesh.devices[p]): _row(array, p) for p in positions}
     first = kept[tuple(mesh.devices[positions[0]])] if new_row is None else np.asarray(new_row)[None]
     parts = [kept[tuple(devices)] if tuple(devices) in kept else jax.device_put(
         first, NamedSharding(Mesh(devices[None], sharding.mesh.axis_names), array.sharding.spec))
-        for devices in sharding.mesh.devices]
-    return _assemble(parts, sharding.mesh, sharding.spec)
+        for devices in sharding.mesh.devices if _own(devices)]
+    return _assemble(parts, sharding.mesh, sharding.spec, array)
 
 
 def _outer_params_at(replicas: et.TrainState, outer_params: Sequence[jax.Array], positions: Sequence[int]
@@ -285,32 +301,43 @@ class DiLoCoStep:
 
     @property
     def executables(self) -> tuple[Any, ...]:
-        return (*self.inner, self.outer)
+        return (*(program for program in self.inner if program is not None), self.outer)
+
+    @property
+    def own(self) -> list[int]:
+        """The positions of the slices whose programs this process runs: every one, or on a runtime of several
+        processes, this process's."""
+        return [i for i, program in enumerate(self.inner) if program is not None]
 
     def run(self, leaves: list[jax.Array], batch: PyTree, *, lr_scale: float, batch_size: int,
             monitor: et.StepMonitor) -> tuple[list[jax.Array], jax.Array]:
         """Each slice's inner step on its own row and share of ``batch``; a slice lost before or during its
         program is dropped (its row goes with it) and the others go on. With fewer than ``min_slices`` left, the
-        step fails as a whole (:class:`~elastic_trainer.StepInterrupted`: the failure flow takes over)."""
+        step fails as a whole (:class:`~elastic_trainer.StepInterrupted`: the failure flow takes over).
+
+        On a runtime of several processes, each runs its own slices' programs, and a step's end is its own
+        programs' end: the processes meet only at the outer step (:meth:`boundary`), where a process lost
+        meanwhile is found. The loss is the mean of this process's slices'."""
         rows, outer = leaves[:self.replica_leaves], leaves[self.replica_leaves:]
-        slices = self.mesh.shape[et.SLICE_AXIS]
-        # every slice's rows, before any is donated
+        slices, own = self.mesh.shape[et.SLICE_AXIS], self.own
+        meets = jax.process_count() == 1  # one process: every slice's end is checked, as a step's end is
+        # this process's slices' rows, before any is donated
         views = [list(v) for v in zip(*(self._rows(j, a) for j, a in enumerate(rows)), strict=True)]
         batch_leaves, structure = jax.tree.flatten(batch)
-        shares = [structure.unflatten([_view(b, [i], (b.shape[0] // slices, *b.shape[1:])) for b in batch_leaves])
-                  for i in range(slices)]
         made: dict[int, list[jax.Array]] = {}
         losses, lost, started, announced = [], None, False, False
-        for i, (slice_id, program) in enumerate(zip(monitor.slices, self.inner, strict=True)):
+        for view, i in zip(views, own, strict=True):
+            slice_id, program = monitor.slices[i], self.inner[i]
+            share = structure.unflatten([_view(b, [i], (b.shape[0] // slices, *b.shape[1:])) for b in batch_leaves])
             try:
                 monitor.launching([slice_id])
                 started = True  # rows are donated from here on
-                new, loss = program(views[i], shares[i], self._size(program, batch_size))
+                new, loss = program(view, share, self._size(program, batch_size))
                 monitor.dispatched()
                 if not announced:  # the first program runs
                     announced = True
                     monitor.before_update()
-                monitor.wait([*new, loss], end=True, slices=[slice_id])
+                monitor.wait([*new, loss], end=meets, slices=[slice_id])
             except et.SliceLostError as error:  # this slice's row goes with it; the others go on
                 monitor.dropped([slice_id], error)
                 lost = error
@@ -321,26 +348,26 @@ class DiLoCoStep:
                 raise
             made[i] = new
             losses.append(loss)
-        if not made:  # every slice lost: no row is left
+        if not made:  # every slice of this process lost: no row is left
             raise et.StepInterrupted(lost, leaves=None, loss=None)
-        kept = sorted(made)
+        kept = [i for i in range(slices) if i in made or i not in own]
         mesh = self.mesh if len(kept) == slices else Mesh(self.mesh.devices[kept], self.mesh.axis_names)
-        new_rows = [_assemble([made[i][j] for i in kept], mesh, self.row_shardings[j].spec)
+        new_rows = [_assemble([made[i][j] for i in sorted(made)], mesh, self.row_shardings[j].spec, rows[j])
                     for j in range(self.replica_leaves)]
         self.made_rows.clear()
         if len(kept) == slices:  # the next step on this layout takes these rows as they are
             for j in range(self.replica_leaves):
-                self._remember(j, new_rows[j], [made[i][j] for i in kept])
+                self._remember(j, new_rows[j], [made[i][j] for i in own])
         new_leaves = new_rows + (outer if len(kept) == slices else [_view(a, kept, a.shape) for a in outer])
         monitor.made(new_leaves)
         return new_leaves, float(np.mean(jax.device_get(losses)))
 
     def _rows(self, leaf: int, array: jax.Array) -> list[jax.Array]:
-        """Each slice's row of ``array``, the replica leaf at ``leaf``: the rows the last step made it from, if
-        it is that step's, else a view of each (no copy either way; making views of every leaf took half of a
-        tiny model's step on the host)."""
+        """This process's slices' rows of ``array`` (:attr:`own`), the replica leaf at ``leaf``: the rows the last
+        step made it from, if it is that step's, else a view of each (no copy either way; making views of every
+        leaf took half of a tiny model's step on the host)."""
         made, rows = self.made_rows.get(leaf, (lambda: None, None))
-        return rows if made() is array else [_row(array, i) for i in range(self.mesh.shape[et.SLICE_AXIS])]
+        return rows if made() is array else [_row(array, i) for i in self.own]
 
     def _remember(self, leaf: int, array: jax.Array, rows: list[jax.Array]) -> None:
         """Keep ``rows``, which ``array`` (the replica leaf at ``leaf``) was made from, for as long as ``array``

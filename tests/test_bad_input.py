@@ -378,9 +378,7 @@ def assert_fails_with(result, message: str) -> None:
     (["cluster=multiprocess", "cluster.heartbeat_timeout_s=0"], "cluster.heartbeat_timeout_s must be at least 1, got 0."),
     (["cluster=pathways", "cluster.spare_slices=1"], "cluster=pathways keeps no spare slices: cluster.spare_slices is "
      "cluster=simulated's and cluster=multiprocess's only"),
-    (["cluster=multiprocess", "+strategy=diloco"], "strategy diloco runs on a single controller (cluster=simulated, "
-     "cluster=pathways), not yet on cluster=multiprocess; choose another strategy there."),
-], ids=["slices", "steps", "multiprocess", "spares_on_pathways", "diloco_on_multiprocess"])
+], ids=["slices", "steps", "multiprocess", "spares_on_pathways"])
 def test_a_bad_value_through_the_cli_touches_no_checkpoint(checkpoints, tmp_path, case, message):
     before = checksums(checkpoints)
     result = resume_cli(checkpoints, tmp_path / "run", *case)

@@ -40,6 +40,7 @@ import json
 import os
 import shutil
 import signal
+from collections.abc import Callable
 from pathlib import Path
 
 import equinox as eqx
@@ -138,9 +139,10 @@ def saved_steps(directory: Path) -> list[int]:
     return sorted(int(p.name) for p in directory.iterdir() if p.name.isdigit())
 
 
-def saved_states(directory: Path) -> dict[int, dict[str, np.ndarray]]:
+def saved_states(directory: Path, select: Callable[[dict], dict] = trained) -> dict[int, dict[str, np.ndarray]]:
     """The state of every checkpoint in ``directory``, by step, read with plain Orbax onto one device of this
-    process (whatever devices and processes saved it)."""
+    process (whatever devices and processes saved it): its arrays that ``select`` keeps (by default those
+    training changes)."""
     one_device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
     states = {}
     with ocp.CheckpointManager(directory, item_handlers={"state": ocp.PyTreeCheckpointHandler()}) as manager:
@@ -148,7 +150,7 @@ def saved_states(directory: Path) -> dict[int, dict[str, np.ndarray]]:
             stored = manager.item_metadata(step)["state"]
             like = jax.tree.map(lambda array: jax.ShapeDtypeStruct(array.shape, array.dtype, sharding=one_device), stored)
             args = ocp.args.PyTreeRestore(like, restore_args=ocp.checkpoint_utils.construct_restore_args(like))
-            states[step] = trained(named_arrays(manager.restore(step, args=ocp.args.Composite(state=args)).state))
+            states[step] = select(named_arrays(manager.restore(step, args=ocp.args.Composite(state=args)).state))
     return states
 
 

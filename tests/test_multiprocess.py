@@ -7,6 +7,7 @@ Every test checks that no process it started outlives it.
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -393,3 +394,81 @@ def test_a_dropped_straggler_comes_back_as_a_replacement_after_drop_for_steps(ru
     assert attempt["exit_codes"] == [0, 0] and attempt["replaced_exit_codes"] == [[], [-signal.SIGKILL]]
     assert report["samples"] == {"consumed": 150 * 48, "duplicated": 0, "skipped": 0}
     assert_ends_as_failure_free(run_dir, [*CLI_TINY, *steps, "cluster.slices=2"], tmp_path_factory)
+
+
+DILOCO_STEPS, INNER_STEPS = 300, 10
+
+
+@pytest.mark.slow  # python -m pytest -m slow
+def test_diloco_runs_on_past_a_process_killed_mid_inner_phase_and_takes_its_replacement_in_at_an_outer_step(
+        run_dir):
+    """3 processes under diloco (H=10), process 1 SIGKILLed at step 15 and back 1 s after the others found it
+    gone: their inner steps run on (they meet only at outer steps), they find it gone at the outer step that ends
+    step 20 and drop its replica (its share of steps 11 to 20 skipped), the outer steps from there average over 2
+    replicas, and its replacement takes part from a later outer step, its row from a peer; no other process is
+    restarted, and every sample is trained once or counted as skipped."""
+    result = run_cli(*TINY, f"trainer.steps={DILOCO_STEPS}", f"checkpoint.period={DILOCO_STEPS}", *THREE,
+                     "+strategy=diloco", f"strategy.inner_steps={INNER_STEPS}", "+chaos=schedule",
+                     "chaos.failures=[{at_step: 15, slice: 1, down_for_s: 1}]", f"hydra.run.dir={run_dir}")
+    assert result.returncode == 0, result.stderr
+    report = report_of(run_dir)
+    assert report["steps_completed"] == DILOCO_STEPS
+    (failure,) = report["failures"]
+    assert (failure["step"], failure["phase"], failure["slices"], failure["action"], failure["lost_steps"]) == (
+        19, "boundary", [1], "drop_replica", 0), "not found at the first outer step after the kill"
+    share = 48 // 3
+    assert failure["samples_skipped"] == INNER_STEPS * share
+    (shrink, grow) = report["resizes"]
+    assert (shrink["step"], shrink["reason"], shrink["slices"]) == (19, "replica_dropped", [0, 2])
+    assert (grow["reason"], grow["slices"], grow["state_from_peer"]) == ("rejoined", [0, 1, 2], [1])
+    assert grow["step"] % INNER_STEPS == 0 and 20 < grow["step"] < DILOCO_STEPS, "not taken in at an outer step"
+    (attempt,) = report["process_exits"]
+    assert attempt["exit_codes"] == [0, 0, 0]
+    assert attempt["replaced_exit_codes"] == [[], [-signal.SIGKILL], []]
+    total = 20 * 48 + (grow["step"] - 20) * 2 * share + (DILOCO_STEPS - grow["step"]) * 48
+    assert report["samples"] == {"consumed": total - INNER_STEPS * share, "duplicated": 0,
+                                 "skipped": INNER_STEPS * share}
+
+
+@pytest.mark.slow  # python -m pytest -m slow
+def test_diloco_goes_on_without_a_process_that_misses_the_outer_step_by_more_than_the_grace_window(run_dir):
+    """Process 1 of 3 hangs at step 15 for longer than the job runs: the others reach the outer step that ends step
+    20 and wait for it no longer than cluster.collective_timeout_s (the grace window), then find it stuck (it had
+    not dispatched its own step 20), kill it and drop its replica like a lost one's; the job finishes on 2."""
+    result = run_cli(*TINY, "trainer.steps=60", "checkpoint.period=60", *THREE, "+strategy=diloco",
+                     f"strategy.inner_steps={INNER_STEPS}", "+chaos=schedule",
+                     "chaos.failures=[{at_step: 15, slice: 1, hang: true, down_for_s: 1e9}]", f"hydra.run.dir={run_dir}")
+    assert result.returncode == 0, result.stderr
+    report = report_of(run_dir)
+    assert report["steps_completed"] == 60
+    (failure,) = report["failures"]
+    assert (failure["step"], failure["phase"], failure["slices"], failure["kind"], failure["action"]) == (
+        19, "boundary", [1], "slice_hung", "drop_replica")
+    assert [(r["step"], r["reason"], r["slices"]) for r in report["resizes"]] == [(19, "replica_dropped", [0, 2])]
+    share = 48 // 3
+    assert report["samples"] == {"consumed": 20 * 48 + 40 * 2 * share - INNER_STEPS * share, "duplicated": 0,
+                                 "skipped": INNER_STEPS * share}
+    (attempt,) = report["process_exits"]
+    assert attempt["exit_codes"] == [0, -signal.SIGKILL, 0]
+
+
+@pytest.mark.slow  # python -m pytest -m slow
+def test_diloco_resumed_from_a_checkpoint_taken_mid_inner_phase_ends_as_the_uninterrupted_run(run_dir):
+    """2 slices of 2 processes under diloco (H=10), saved at steps 15, 30 and 40: a job started again from step 15
+    alone (mid-inner-phase: every replica's own progress since step 10 is in it) saves steps 30 and 40 equal to
+    the uninterrupted run's, every replica's row and the outer state."""
+    job = [*TINY, "trainer.steps=40", "checkpoint.period=15", *processes(4), "cluster.processes_per_slice=2",
+           "+strategy=diloco", f"strategy.inner_steps={INNER_STEPS}"]
+    result = run_cli(*job, f"hydra.run.dir={run_dir / 'whole'}")
+    assert result.returncode == 0, result.stderr
+    resumed = run_dir / "resumed"
+    shutil.copytree(run_dir / "whole" / "checkpoints", resumed)
+    for step in (30, 40):
+        shutil.rmtree(resumed / str(step))
+    result = run_cli(*job, f"checkpoint.dir={resumed}", "checkpoint.resume=true", f"hydra.run.dir={run_dir / 'again'}")
+    assert result.returncode == 0, result.stderr
+    expected = saved_states(run_dir / "whole" / "checkpoints", select=dict)  # every array: a mode's own too
+    actual = saved_states(resumed, select=dict)
+    assert set(actual) == set(expected) == {15, 30, 40}
+    for step in (30, 40):
+        assert_same_arrays(actual[step], expected[step], f"the checkpoint of step {step}")

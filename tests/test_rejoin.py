@@ -11,6 +11,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from jax.sharding import NamedSharding, PartitionSpec
 
 import elastic_trainer as et
 from elastic_trainer._mesh import state_shardings
@@ -46,13 +47,27 @@ def test_every_slice_gets_the_donor_slices_values_exactly_whatever_the_others_ho
         "flag": slice_values(mesh, shardings["flag"], [np.array([False, False]), np.array([True, False]),
                                                        np.array([True, True]), np.array([False, True])]),
     }
-    shared = compile_from_peers(state, shardings, donor=1)(state)
+    shared = compile_from_peers(state, shardings, donor=1, returning=())(state)
     for shard in shared["w"].addressable_shards:  # every device's shard, NaN-holding slices included
         np.testing.assert_array_equal(np.asarray(shard.data), donor_w[shard.index])
     assert {int(s.data) for s in shared["step"].addressable_shards} == {41}
     for shard in shared["flag"].addressable_shards:
         np.testing.assert_array_equal(np.asarray(shard.data), np.array([True, False])[shard.index])
     assert shared["w"].sharding == shardings["w"] and shared["flag"].dtype == bool
+
+
+def test_a_part_held_per_slice_changes_only_on_the_returning_slices_which_take_the_donors():
+    """A semi-synchronous mode's rows (a leaf split over the slices, a row each): the live slices keep their own,
+    and only the returning one takes the donor's; the replicated part is the donor's everywhere."""
+    mesh = et.make_mesh(et.SimulatedCluster(3, 2).slice_devices())
+    rows = np.arange(3 * 4, dtype=np.float32).reshape(3, 4)
+    rows[2] = 0  # the returning slice's row: zeros, as from_host leaves it
+    shardings = {"rows": NamedSharding(mesh, PartitionSpec(et.SLICE_AXIS)), "outer": NamedSharding(mesh, PartitionSpec())}
+    state = {"rows": jax.device_put(rows, shardings["rows"]),
+             "outer": slice_values(mesh, shardings["outer"], [np.float32(7), np.float32(-1), np.float32(0)])}
+    shared = compile_from_peers(state, shardings, donor=0, returning=(2,))(state)
+    np.testing.assert_array_equal(np.asarray(shared["rows"]), np.stack([rows[0], rows[1], rows[0]]))
+    assert {float(s.data) for s in shared["outer"].addressable_shards} == {7.0}
 
 
 def test_the_state_goes_through_host_memory_onto_a_larger_mesh_with_zeros_where_no_shard_was_held():
@@ -67,7 +82,7 @@ def test_the_state_goes_through_host_memory_onto_a_larger_mesh_with_zeros_where_
     for shard in moved["w"].addressable_shards:
         expected = values["w"][shard.index] if shard.device.id in on_small else 0
         np.testing.assert_array_equal(np.asarray(shard.data), expected)
-    np.testing.assert_array_equal(np.asarray(compile_from_peers(moved, shardings, donor=0)(moved)["w"]), values["w"])
+    np.testing.assert_array_equal(np.asarray(compile_from_peers(moved, shardings, donor=0, returning=(2,))(moved)["w"]), values["w"])
 
 
 def test_an_admission_reads_back_as_written_and_the_donor_is_the_first_slice_not_returning():

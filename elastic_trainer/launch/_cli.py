@@ -36,7 +36,7 @@ from .._failures import ConfigError, PluginError, RestartRequested, TrainingStop
 from .._preemption import Preempted, exit_status, stop_signals
 from .._run_lock import hold_run_locks
 from .._protocols import RestartingStrategy, restarts_process
-from .._strategy import DEFAULT_MAX_RESTARTS, AbstractStrategy, refuse_off_one_controller
+from .._strategy import DEFAULT_MAX_RESTARTS, AbstractStrategy
 from .._plugins import (
     DISABLE_AUTOLOAD_ENV, ENTRY_POINT_GROUP, LOAD_PLUGINS_ENV, describe_plugins, make_plugin_manager, strategy_name,
 )
@@ -147,7 +147,6 @@ def _run_locked(cfg: DictConfig, *, run_dir: Path, started_at: float) -> int:
 def _launch(cfg: DictConfig, strategy: object, job: dict) -> int:
     """Start the processes of a multi-process job here (``cluster.launcher=local``); the job's exit status."""
     check_config(cfg)
-    refuse_off_one_controller(strategy, "multiprocess")
     if cfg.checkpoint.period == "auto":
         raise ConfigError(
             "checkpoint.period=auto does not work with several processes (each would choose its own "

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, final
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.sharding import NamedSharding
+from jax.sharding import NamedSharding, PartitionSpec
 from jaxtyping import PyTree
 
 from ..._mesh import SLICE_AXIS
@@ -64,6 +64,7 @@ class Admission:
     :param agreements: how many times the processes agreed on who lives.
     :param incarnations: the slices' failure counts.
     :param checkpoint_group: the number of the checkpoint group the processes save in from then on.
+    :param returning: the slices taken back in (their processes replacements or spares).
     """
 
     round: int
@@ -76,6 +77,7 @@ class Admission:
     agreements: int
     incarnations: tuple[int, ...]
     checkpoint_group: int
+    returning: tuple[int, ...] = ()
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self))
@@ -179,9 +181,12 @@ def from_host(host: list[dict[int, np.ndarray]], abstract: PyTree, shardings: Py
     return structure.unflatten([make(*leaf) for leaf in zip(host, likes, structure.flatten_up_to(shardings))])
 
 
-def compile_from_peers(arrays: PyTree, shardings: PyTree, donor: int) -> Callable[[PyTree], PyTree]:
+def compile_from_peers(arrays: PyTree, shardings: PyTree, donor: int, returning: Sequence[int]
+                       ) -> Callable[[PyTree], PyTree]:
     """The compiled program that gives ``arrays`` every slice's shards from the slice at position ``donor`` of the
-    mesh: a sum over the slices to which only the donor adds anything, so every value is the donor's exactly.
+    mesh: a sum over the slices to which only the donor adds anything, so every value is the donor's exactly. A
+    leaf split over the slices (a semi-synchronous mode's rows: each slice's own) changes only at the positions
+    ``returning``, which take the donor's row; the other slices keep theirs.
 
     Compiling runs no collective; the caller runs the program once every
     process of the mesh is there to take part (gloo waits only 30 s for a
@@ -191,14 +196,16 @@ def compile_from_peers(arrays: PyTree, shardings: PyTree, donor: int) -> Callabl
     mesh = jax.tree.leaves(shardings)[0].mesh
 
     def keep_donors(tree: PyTree) -> PyTree:
-        mine = jax.lax.axis_index(SLICE_AXIS) == donor
+        position = jax.lax.axis_index(SLICE_AXIS)
+        mine, takes = position == donor, jnp.isin(position, jnp.asarray(returning, jnp.int32))
 
-        def one(x: jax.Array) -> jax.Array:
+        def one(x: jax.Array, spec: PartitionSpec) -> jax.Array:
             wide = x.astype(jnp.int32) if x.dtype == jnp.bool_ else x
-            summed = jax.lax.psum(jnp.where(mine, wide, jnp.zeros_like(wide)), SLICE_AXIS)
-            return summed.astype(x.dtype)
+            summed = jax.lax.psum(jnp.where(mine, wide, jnp.zeros_like(wide)), SLICE_AXIS).astype(x.dtype)
+            own = len(spec) > 0 and spec[0] == SLICE_AXIS  # each slice's own row
+            return jnp.where(takes, summed, x) if own else summed
 
-        return jax.tree.map(one, tree)
+        return jax.tree.map(one, tree, specs)
 
     spread = jax.shard_map(keep_donors, mesh=mesh, in_specs=(specs,), out_specs=specs, check_vma=False)
     return jax.jit(spread, out_shardings=shardings).lower(arrays).compile()
@@ -348,7 +355,7 @@ class Rejoin:
             round=self._rounds, processes=tuple(sorted(membership.live | set(joining))), slices=tuple(slices),
             donor=donor_of(slices, returning), step=step, position=position, dispatched=membership.dispatched,
             agreements=membership.agreements, incarnations=tuple(membership.failures),
-            checkpoint_group=checkpoint_group,
+            checkpoint_group=checkpoint_group, returning=tuple(s for s in slices if s in returning),
         )
         client = self._client()
         if own_process_id() == min(membership.live):
