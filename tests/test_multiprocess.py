@@ -453,6 +453,29 @@ def test_diloco_goes_on_without_a_process_that_misses_the_outer_step_by_more_tha
 
 
 @pytest.mark.slow  # python -m pytest -m slow
+def test_diloco_that_needs_every_slice_restores_the_host_snapshot_and_takes_the_replacement_back_in(run_dir):
+    """With strategy.min_slice_count=3, process 1 killed at step 15: dropping its replica at the outer step of step
+    20 would leave too few slices, so the failure flow takes over: the strategy's plan waits for 3 slices (the
+    replacement asks to join), each process restores its own rows from its host snapshot of step 10, the
+    replacement is taken in with a peer's row, and steps 11 to 20 are trained again: no sample skipped."""
+    result = run_cli(*TINY, "trainer.steps=60", "checkpoint.period=60", *THREE, "+strategy=diloco",
+                     f"strategy.inner_steps={INNER_STEPS}", "strategy.min_slice_count=3", "strategy.timeout_s=120",
+                     "+chaos=schedule", "chaos.failures=[{at_step: 15, slice: 1, down_for_s: 1}]",
+                     f"hydra.run.dir={run_dir}")
+    assert result.returncode == 0, result.stderr
+    report = report_of(run_dir)
+    assert report["steps_completed"] == 60
+    (failure,) = report["failures"]
+    assert (failure["step"], failure["phase"], failure["slices"], failure["action"], failure["restored_from"]) == (
+        19, "boundary", [1], "diloco", "snapshot")
+    assert [(r["step"], r["reason"], r["slices"]) for r in report["resizes"]] == [
+        (19, "failure", [0, 2]), (10, "rejoined", [0, 1, 2])]
+    assert report["samples"] == {"consumed": 60 * 48, "duplicated": 0, "skipped": 0}
+    (attempt,) = report["process_exits"]
+    assert attempt["exit_codes"] == [0, 0, 0] and attempt["replaced_exit_codes"] == [[], [-signal.SIGKILL], []]
+
+
+@pytest.mark.slow  # python -m pytest -m slow
 def test_diloco_resumed_from_a_checkpoint_taken_mid_inner_phase_ends_as_the_uninterrupted_run(run_dir):
     """2 slices of 2 processes under diloco (H=10), saved at steps 15, 30 and 40: a job started again from step 15
     alone (mid-inner-phase: every replica's own progress since step 10 is in it) saves steps 30 and 40 equal to
