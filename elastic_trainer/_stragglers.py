@@ -92,7 +92,11 @@ class StragglerWatch:
         return frozenset(self._open)
 
     def observe(self, step: int, seconds: Mapping[int, float]) -> None:
-        """Take the per-slice times of the step that ended with ``step`` steps completed; fewer than two: nothing."""
+        """Take the per-slice times of the step that ended with ``step`` steps completed; fewer than two: nothing.
+        A step with none measured (on ``cluster=multiprocess``, a semi-synchronous mode's inner steps end with no
+        agreement) says nothing and changes nothing."""
+        if not seconds:
+            return
         for slice_ in set(self._open) & (set(seconds) - self._measured):  # a dropped straggler is back
             self._on_trial[slice_] = self._open.pop(slice_)
         self._measured = set(seconds)

@@ -62,9 +62,10 @@ def join(ctx, arrays: PyTree, layout: Layout, admission: Admission) -> LoopState
 
 def share_state(ctx, arrays: PyTree, layout: Layout, *, donor: int, returning: Sequence[int], step: int) -> PyTree:
     """What every process of a grown job does alike, in the same order: the state on ``layout``, every slice's from
-    the slice at position ``donor``, but each slice's own part, which only the ``returning`` slices take (the
-    restore policy's :class:`~elastic_trainer._restore_sources.Peer`)."""
+    the slice at position ``donor``, but each slice's own part, which only those of the ``returning`` slices in
+    ``layout`` take (the others go on waiting to be wanted). The restore policy's
+    :class:`~elastic_trainer._restore_sources.Peer`."""
     request = RestoreRequest(arrays, old=layout, survivors=(), new=layout, step=step,
                              since=ctx.cluster.incarnations(), donor=donor,
-                             returning=tuple(layout.slices.index(s) for s in returning))
+                             returning=tuple(layout.slices.index(s) for s in returning if s in layout.slices))
     return restore_from_best(ctx, request).arrays

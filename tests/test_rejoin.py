@@ -62,11 +62,15 @@ def test_a_part_held_per_slice_changes_only_on_the_returning_slices_which_take_t
     mesh = et.make_mesh(et.SimulatedCluster(3, 2).slice_devices())
     rows = np.arange(3 * 4, dtype=np.float32).reshape(3, 4)
     rows[2] = 0  # the returning slice's row: zeros, as from_host leaves it
-    shardings = {"rows": NamedSharding(mesh, PartitionSpec(et.SLICE_AXIS)), "outer": NamedSharding(mesh, PartitionSpec())}
-    state = {"rows": jax.device_put(rows, shardings["rows"]),
+    shardings = {"rows": NamedSharding(mesh, PartitionSpec(et.SLICE_AXIS)),
+                 "flat": NamedSharding(mesh, PartitionSpec((et.SLICE_AXIS, "device"))),  # a part per device
+                 "outer": NamedSharding(mesh, PartitionSpec())}
+    state = {"rows": jax.device_put(rows, shardings["rows"]), "flat": jax.device_put(rows.ravel(), shardings["flat"]),
              "outer": slice_values(mesh, shardings["outer"], [np.float32(7), np.float32(-1), np.float32(0)])}
     shared = compile_from_peers(state, shardings, donor=0, returning=(2,))(state)
-    np.testing.assert_array_equal(np.asarray(shared["rows"]), np.stack([rows[0], rows[1], rows[0]]))
+    expected = np.stack([rows[0], rows[1], rows[0]])
+    np.testing.assert_array_equal(np.asarray(shared["rows"]), expected)
+    np.testing.assert_array_equal(np.asarray(shared["flat"]), expected.ravel())
     assert {float(s.data) for s in shared["outer"].addressable_shards} == {7.0}
 
 
@@ -87,7 +91,7 @@ def test_the_state_goes_through_host_memory_onto_a_larger_mesh_with_zeros_where_
 
 def test_an_admission_reads_back_as_written_and_the_donor_is_the_first_slice_not_returning():
     admission = Admission(round=2, processes=(0, 1, 2), slices=(0, 1, 2), donor=0, step=20, position=960,
-                          dispatched=21, agreements=57, incarnations=(0, 1, 0), checkpoint_group=3)
+                          dispatched=21, agreements=57, incarnations=(0, 1, 0), checkpoint_group=3, returning=(1,))
     assert Admission.from_json(admission.to_json()) == admission
     assert donor_of((0, 1, 2), returning=[0]) == 1 and donor_of((1, 3), returning=[]) == 0
 

@@ -52,6 +52,16 @@ def test_a_dropped_straggler_back_in_use_is_on_trial_and_is_one_again_only_once_
     assert len(watch.records) == 1 and watch.records[0].recovered_at_step is None  # the same straggler all along
 
 
+def test_steps_with_no_times_between_measured_ones_change_nothing():
+    """Semi-synchronous training on cluster=multiprocess measures only the steps that end with an agreement (its
+    outer steps): the steps between say nothing, and three slow outer steps make a straggler."""
+    watch = StragglerWatch(RULE)
+    slow = {0: 1.0, 1: 1.1, 2: 3.0}
+    after = observe_all(watch, [slow, {}, {}, slow, {}, {}, slow, {}])
+    assert after == [set()] * 6 + [{2}] * 2
+    assert watch.records[0].detected_at_step == 7
+
+
 def test_one_slice_or_equal_times_make_no_straggler():
     watch = StragglerWatch(RULE)
     assert observe_all(watch, [{0: 5.0}] * 4 + [{0: 1.0, 1: 1.0}] * 4) == [set()] * 8

@@ -94,7 +94,10 @@ class AbstractTimedCluster(AbstractCluster):
         until it was done, without the time it waited for the other slices.
 
         Every process must get the same times (stragglers are found from
-        them, the same everywhere); empty while there are none.
+        them, the same everywhere); empty while there are none. A cluster
+        may give each step's times once: a step that ended with no
+        synchronize (a semi-synchronous mode's inner steps on several
+        processes) then has none, and says nothing about stragglers.
         """
 
 

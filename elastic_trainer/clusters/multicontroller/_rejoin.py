@@ -185,8 +185,8 @@ def compile_from_peers(arrays: PyTree, shardings: PyTree, donor: int, returning:
                        ) -> Callable[[PyTree], PyTree]:
     """The compiled program that gives ``arrays`` every slice's shards from the slice at position ``donor`` of the
     mesh: a sum over the slices to which only the donor adds anything, so every value is the donor's exactly. A
-    leaf split over the slices (a semi-synchronous mode's rows: each slice's own) changes only at the positions
-    ``returning``, which take the donor's row; the other slices keep theirs.
+    leaf split over the slices (its spec names the slice axis: a semi-synchronous mode's rows, each slice's own)
+    changes only at the positions ``returning``, which take the donor's part; the other slices keep theirs.
 
     Compiling runs no collective; the caller runs the program once every
     process of the mesh is there to take part (gloo waits only 30 s for a
@@ -202,8 +202,8 @@ def compile_from_peers(arrays: PyTree, shardings: PyTree, donor: int, returning:
         def one(x: jax.Array, spec: PartitionSpec) -> jax.Array:
             wide = x.astype(jnp.int32) if x.dtype == jnp.bool_ else x
             summed = jax.lax.psum(jnp.where(mine, wide, jnp.zeros_like(wide)), SLICE_AXIS).astype(x.dtype)
-            own = len(spec) > 0 and spec[0] == SLICE_AXIS  # each slice's own row
-            return jnp.where(takes, summed, x) if own else summed
+            split = any(SLICE_AXIS in (axes if isinstance(axes, tuple) else (axes,)) for axes in spec)
+            return jnp.where(takes, summed, x) if split else summed  # split: each slice holds a part of its own
 
         return jax.tree.map(one, tree, specs)
 
