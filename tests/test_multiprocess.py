@@ -399,6 +399,16 @@ def test_a_dropped_straggler_comes_back_as_a_replacement_after_drop_for_steps(ru
 DILOCO_STEPS, INNER_STEPS = 300, 10
 
 
+def diloco_run(run_dir, steps: int, *overrides: str) -> dict:
+    """3 processes under diloco (H=10) for ``steps`` steps with ``overrides``: the report of a run that finished."""
+    result = run_cli(*TINY, f"trainer.steps={steps}", f"checkpoint.period={steps}", *THREE, "+strategy=diloco",
+                     f"strategy.inner_steps={INNER_STEPS}", *overrides, f"hydra.run.dir={run_dir}")
+    assert result.returncode == 0, result.stderr
+    report = report_of(run_dir)
+    assert report["steps_completed"] == steps
+    return report
+
+
 @pytest.mark.slow  # python -m pytest -m slow
 def test_diloco_runs_on_past_a_process_killed_mid_inner_phase_and_takes_its_replacement_in_at_an_outer_step(
         run_dir):
@@ -407,12 +417,8 @@ def test_diloco_runs_on_past_a_process_killed_mid_inner_phase_and_takes_its_repl
     step 20 and drop its replica (its share of steps 11 to 20 skipped), the outer steps from there average over 2
     replicas, and its replacement takes part from a later outer step, its row from a peer; no other process is
     restarted, and every sample is trained once or counted as skipped."""
-    result = run_cli(*TINY, f"trainer.steps={DILOCO_STEPS}", f"checkpoint.period={DILOCO_STEPS}", *THREE,
-                     "+strategy=diloco", f"strategy.inner_steps={INNER_STEPS}", "+chaos=schedule",
-                     "chaos.failures=[{at_step: 15, slice: 1, down_for_s: 1}]", f"hydra.run.dir={run_dir}")
-    assert result.returncode == 0, result.stderr
-    report = report_of(run_dir)
-    assert report["steps_completed"] == DILOCO_STEPS
+    report = diloco_run(run_dir, DILOCO_STEPS, "+chaos=schedule",
+                        "chaos.failures=[{at_step: 15, slice: 1, down_for_s: 1}]")
     (failure,) = report["failures"]
     assert (failure["step"], failure["phase"], failure["slices"], failure["action"], failure["lost_steps"]) == (
         19, "boundary", [1], "drop_replica", 0), "not found at the first outer step after the kill"
@@ -435,12 +441,8 @@ def test_diloco_goes_on_without_a_process_that_misses_the_outer_step_by_more_tha
     """Process 1 of 3 hangs at step 15 for longer than the job runs: the others reach the outer step that ends step
     20 and wait for it no longer than cluster.collective_timeout_s (the grace window), then find it stuck (it had
     not dispatched its own step 20), kill it and drop its replica like a lost one's; the job finishes on 2."""
-    result = run_cli(*TINY, "trainer.steps=60", "checkpoint.period=60", *THREE, "+strategy=diloco",
-                     f"strategy.inner_steps={INNER_STEPS}", "+chaos=schedule",
-                     "chaos.failures=[{at_step: 15, slice: 1, hang: true, down_for_s: 1e9}]", f"hydra.run.dir={run_dir}")
-    assert result.returncode == 0, result.stderr
-    report = report_of(run_dir)
-    assert report["steps_completed"] == 60
+    report = diloco_run(run_dir, 60, "+chaos=schedule",
+                        "chaos.failures=[{at_step: 15, slice: 1, hang: true, down_for_s: 1e9}]")
     (failure,) = report["failures"]
     assert (failure["step"], failure["phase"], failure["slices"], failure["kind"], failure["action"]) == (
         19, "boundary", [1], "slice_hung", "drop_replica")
@@ -458,13 +460,8 @@ def test_diloco_that_needs_every_slice_restores_the_host_snapshot_and_takes_the_
     20 would leave too few slices, so the failure flow takes over: the strategy's plan waits for 3 slices (the
     replacement asks to join), each process restores its own rows from its host snapshot of step 10, the
     replacement is taken in with a peer's row, and steps 11 to 20 are trained again: no sample skipped."""
-    result = run_cli(*TINY, "trainer.steps=60", "checkpoint.period=60", *THREE, "+strategy=diloco",
-                     f"strategy.inner_steps={INNER_STEPS}", "strategy.min_slice_count=3", "strategy.timeout_s=120",
-                     "+chaos=schedule", "chaos.failures=[{at_step: 15, slice: 1, down_for_s: 1}]",
-                     f"hydra.run.dir={run_dir}")
-    assert result.returncode == 0, result.stderr
-    report = report_of(run_dir)
-    assert report["steps_completed"] == 60
+    report = diloco_run(run_dir, 60, "strategy.min_slice_count=3", "strategy.timeout_s=120", "+chaos=schedule",
+                        "chaos.failures=[{at_step: 15, slice: 1, down_for_s: 1}]")
     (failure,) = report["failures"]
     assert (failure["step"], failure["phase"], failure["slices"], failure["action"], failure["restored_from"]) == (
         19, "boundary", [1], "diloco", "snapshot")

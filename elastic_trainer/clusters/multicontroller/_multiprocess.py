@@ -314,10 +314,8 @@ class MultiprocessCluster(AbstractRejoinCluster, AbstractProcessInjectableCluste
         A process that is slow before the step's collectives (its devices,
         or its host before the dispatch) makes every process wait inside the
         step alike, and is not told apart; one slow after them is (a slice
-        slowed by failure injection is slow there).
-
-        Each is given once: a step that ended with no agreement (a semi-synchronous mode's inner steps, where each
-        process runs on) has none.
+        slowed by failure injection is slow there). Each is given once: a step
+        that ended with no agreement (a semi-synchronous mode's inner step) has none.
         """
         seconds, self._step_seconds = self._step_seconds, {}
         return seconds
