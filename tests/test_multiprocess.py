@@ -362,7 +362,12 @@ def test_a_slice_of_two_processes_comes_back_whole_under_pause_resume(run_dir, t
         ("failure", [0], None), ("rejoined", [0, 1], [2, 3])]
     (attempt,) = report["process_exits"]
     assert attempt["exit_codes"] == [0, 0, 0, 0]
-    assert attempt["replaced_exit_codes"] == [[], [], [-signal.SIGKILL], [-signal.SIGKILL]]
+    # Process 3 leaves with its slice (SIGKILL), unless gloo aborted it first in the collective its peer died in
+    # (SIGABRT, once in CI): the survivors then note its return for it (Rejoin._slice_due_back), so it is replaced
+    # either way, and the rejoin above took both in.
+    killed, partner = attempt["replaced_exit_codes"][2:]
+    assert attempt["replaced_exit_codes"][:2] == [[], []] and killed == [-signal.SIGKILL]
+    assert partner in ([-signal.SIGKILL], [-signal.SIGABRT]), result.stderr[-3000:]
     assert report["samples"] == {"consumed": 12 * 48, "duplicated": 0, "skipped": 0}
     on_disk = saved_states(run_dir / "checkpoints")
     assert set(on_disk) == {3, 6, 9, 12}
