@@ -160,8 +160,9 @@ def et_classify_failure(error: BaseException, step: int, phase: str) -> Failure 
 
     :param error: the exception raised.
     :param step: the number of steps completed before the failed one.
-    :param phase: what was running: ``"train_step"``, ``"checkpoint_save"``,
-        ``"checkpoint_restore"`` or ``"recovery"`` (a failure while recovering).
+    :param phase: what was running: ``"train_step"``, ``"update"`` (a split step's update),
+        ``"boundary"`` (a training mode's work after the step: ``diloco``'s outer step),
+        ``"checkpoint_save"``, ``"checkpoint_restore"`` or ``"recovery"`` (a failure while recovering).
 
     Return a :class:`~elastic_trainer.Failure` (``elastic=True`` when a strategy
     may recover from it, with the lost slices if known), or ``None`` to let the

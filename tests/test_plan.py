@@ -347,8 +347,8 @@ def test_bad_input_is_one_sentence_and_exit_status_2(tmp_path, capsys):
         ("--markdown", str(plain)): f"{plain} has no <!-- projection-single:start --> "
                                     "or <!-- projection-validation:start --> block to regenerate.",
         ("--spares", "-1"): "the number of spare slices must be at least 0, got -1.",
-        ("--spares", "1", "--runtime", "multi"): "spares are modelled on one controller only "
-                                                 "(cluster=multiprocess has none yet).",
+        ("--spares", "1", "--runtime", "multi"): "spares are modelled on one controller only; "
+                                                 "drop --spares or use --runtime single.",
         ("--spares", "1", "--spare-runs", str(SWEEP_RUNS)): "the projection models hot_swap, hot_swap->scale_down from "
                                                             f"these runs; {SWEEP_RUNS / 'during_save-full_restart-0'} "
                                                             "ran 'full_restart'.",

@@ -118,7 +118,7 @@ def _plan(args: argparse.Namespace, *, command: str) -> None:
     if args.spares is not None:
         check_at_least("the number of spare slices", args.spares, 0)
         if runtime is not SINGLE_CONTROLLER:
-            raise ConfigError("spares are modelled on one controller only (cluster=multiprocess has none yet).")
+            raise ConfigError("spares are modelled on one controller only; drop --spares or use --runtime single.")
     block_names = (f"projection-{runtime.name}", "projection-validation")
     for path in args.markdown:
         if not path.is_file():
