@@ -32,7 +32,8 @@ def test_events_jsonl_is_the_runs_timeline(tiny_trainer_kwargs, tmp_path):
     assert (failure["step"], failure["slices"], failure["action"]) == (3, [1], "scale_down")
     (recovery,) = [event for event in events if event["event"] == "recovery"]
     assert recovery["end"] - recovery["time"] == pytest.approx(result.report["failures"][0]["recovery_s"])
-    assert recovery["end"] == pytest.approx(steps[3]["end"], abs=0.05)  # at the end of the first step after it
+    # at the end of the first step after it: within that step, before the step's own end is noted
+    assert steps[3]["time"] < recovery["end"] <= steps[3]["end"] + 1e-6  # (+ the float rounding of an epoch time)
     (resize,) = [event for event in events if event["event"] == "resize"]
     assert (resize["slices_before"], resize["slices_after"], resize["reason"]) == (4, 3, "failure")
     (restore,) = [event for event in events if event["event"] == "restore"]

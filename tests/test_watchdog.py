@@ -53,7 +53,7 @@ def test_a_hung_slice_is_detected_and_recovered_from(tiny_trainer_kwargs):
     # the step hangs with the state taken (donated): every slice's part of it is lost, the host snapshot of the
     # step before (one after every step here) restores it
     chaos = Chaos(failures=[{"at_step": 2, "slice": 1, "down_for_s": 1e9, "hang": True}])
-    trainer = et.Trainer(**tiny_trainer_kwargs(steps=5, global_batch_size=24, step_timeout_s=1.0, snapshot_period=1,
+    trainer = et.Trainer(**tiny_trainer_kwargs(steps=5, global_batch_size=24, step_timeout_s=3.0, snapshot_period=1,
                                                strategy=ScaleDown(compile_ahead=False), plugins=[chaos]))
     state, report = trainer.fit()
     (failure,) = report["failures"]
