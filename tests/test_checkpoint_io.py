@@ -83,7 +83,10 @@ def test_saves_that_fail_for_a_full_disk_are_reported_and_training_goes_on(tiny_
     assert len(messages) == 2 and all("failed (ENOSPC: No space left on device); training goes on" in m
                                       for m in messages)
     assert "save of step 4" in messages[0] and "save of step 6" in messages[1]  # not the step in flight
-    assert on_disk(checkpoints) == ["10", "2", "8"]  # no temporary folder left; space returned at step 7
+    # space returned at step 7; a failed save's write still under way may create its temporary folder anew after
+    # the run's last removal (see the next test), never one of a step that committed, and never restored from
+    assert set(on_disk(checkpoints)) - {"4.orbax-checkpoint-tmp", "6.orbax-checkpoint-tmp"} == {"2", "8", "10"}
+    assert et.Checkpointer(checkpoints).steps_newest_first() == [10, 8, 2]
     restored = et.Trainer(**tiny_trainer_kwargs(steps=10, checkpointer=et.Checkpointer(checkpoints), resume=True))
     assert restored.fit().report["resumed_from"] == 10
 
