@@ -75,9 +75,8 @@ class MultiprocessCluster(AbstractRejoinCluster, AbstractProcessInjectableCluste
     :param devices_per_process: CPU devices each process starts with (the
         local launcher; ``None`` keeps the platform's own devices).
     :param processes_per_slice: processes that make up one slice.
-    :param spare_slices: slices more, whose processes (the last ones) start
-        with the job and wait to be taken in, as a replacement waits; each
-        takes a lost slice's place (docs/multiprocess.md, "Spare slices").
+    :param spare_slices: slices more, whose processes (the last ones) start with the job and wait to be taken
+        in, as a replacement waits; each takes a lost slice's place (docs/multiprocess.md, "Spare slices").
     :param heartbeat_timeout_s: the coordination service declares a silent
         process dead after this long; the floor of every detection.
     :param collective_timeout_s: on CPU, a collective still waiting for a
