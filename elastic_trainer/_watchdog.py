@@ -4,28 +4,33 @@ from __future__ import annotations
 
 import queue
 import threading
+import weakref
 from collections.abc import Callable
 
 from ._failures import StepTimeoutError
 
 
 class _Waiter:
-    """A daemon thread that runs the waits it is handed, one at a time, and hands back how each ended."""
+    """A daemon thread that runs the waits it is handed, one at a time, and hands back how each ended; it ends once
+    the waiter is let go of, so runs one after another in one process (a sweep, a notebook) leave no thread each."""
 
     def __init__(self) -> None:
-        self.tasks: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
+        self.tasks: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
         self.outcomes: queue.SimpleQueue[BaseException | None] = queue.SimpleQueue()
-        threading.Thread(target=self._serve, name="et-step-wait", daemon=True).start()
+        threading.Thread(target=_serve, args=(self.tasks, self.outcomes), name="et-step-wait", daemon=True).start()
+        weakref.finalize(self, self.tasks.put, None)  # the thread holds the queues, not the waiter
 
-    def _serve(self) -> None:
-        while True:
-            task = self.tasks.get()
-            try:
-                task()
-                self.outcomes.put(None)
-            except BaseException as error:  # handed to the calling thread
-                self.outcomes.put(error)
-            del task
+
+def _serve(tasks: queue.SimpleQueue[Callable[[], None] | None], outcomes: queue.SimpleQueue[BaseException | None]
+           ) -> None:
+    """Run each wait from ``tasks`` and put how it ended on ``outcomes``, until ``None`` comes."""
+    while (task := tasks.get()) is not None:
+        try:
+            task()
+            outcomes.put(None)
+        except BaseException as error:  # handed to the calling thread
+            outcomes.put(error)
+        del task
 
 
 class Watchdog:

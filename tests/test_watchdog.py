@@ -61,3 +61,18 @@ def test_a_hung_slice_is_detected_and_recovered_from(tiny_trainer_kwargs):
     assert failure["lost_steps"] == 0
     assert report["steps_completed"] == 5 and trainer.slices == (0, 2, 3)
     assert report["samples"]["duplicated"] == report["samples"]["skipped"] == 0
+
+
+def test_a_watchdog_let_go_of_ends_its_thread():
+    """Runs one after another in one process (a sweep with Hydra's basic launcher, a notebook) leave no wait
+    thread each: the thread ends with its watchdog."""
+    def wait_threads() -> set[threading.Thread]:
+        return {thread for thread in threading.enumerate() if thread.name == "et-step-wait"}
+
+    before = wait_threads()
+    watchdog = Watchdog(60.0)
+    watchdog.wait(lambda: None)
+    (thread,) = wait_threads() - before
+    del watchdog
+    thread.join(timeout=60)  # a bound only against a hang: the thread ends as soon as it reads the stop
+    assert not thread.is_alive()
