@@ -31,10 +31,9 @@ os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
 # also generates the code with XLA:CPU's element-wise emitters instead of its newer fusion emitters, which compile
 # the tests' step in 0.20 s instead of 0.55 s and a model's eager initialisation in 0.5 s instead of 1.2 s: the
 # suite went from 7 min 38 s and 835 CPU-s to 6 min 52 s and 731 CPU-s (2026-12-06, jax 0.10.2, 2 cores, back to
-# back). The XLA of jax 0.12 has
-# only the fusion emitters, and an XLA flag it does not know aborts the process, so a process with the flag starts
-# JAX once first (the controller only: the workers and every process a test starts inherit its XLA_FLAGS).
-# Benchmarks keep XLA's defaults.
+# back). The XLA of jax 0.12 has only the fusion emitters, and an XLA flag it does not know aborts the process, so
+# a process with the flag starts JAX once first (the controller only: the workers and every process a test starts
+# inherit its XLA_FLAGS). Benchmarks keep XLA's defaults.
 O0 = "--xla_backend_optimization_level=0"
 ELEMENTAL_EMITTERS = "--xla_cpu_use_fusion_emitters=false"
 
