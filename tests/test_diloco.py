@@ -2,6 +2,7 @@
 every H steps; a lost slice drops its replica and stalls no one; a mid-phase checkpoint resumes exactly."""
 
 import importlib.util
+import itertools
 import os
 import signal
 from pathlib import Path
@@ -122,9 +123,10 @@ def test_a_straggler_is_dropped_at_an_outer_step_and_taken_back_at_one_with_no_s
     """Slice 2 twelve times slower from its second step on (drop_stragglers, H = 4, found after 3 steps 4 times
     slower than the others, a bar that noise on a loaded machine seldom clears 3 steps in a row): it is
     left out at the first outer step once found, whose mean took its progress in, so no sample is skipped, and
-    taken back at the first outer step drop_for_steps (4) later that drops no other slice. Every slice's own time is measured for real here, so
-    when it is found, and whether it is found again on trial, follow the machine's load, and another slice may be
-    found slow too: the checks are on slice 2's resizes, relative to when it was found. (What a strategy does
+    taken back at the first outer step drop_for_steps (4) later that drops no other slice. Every slice's own time
+    is measured for real here, so when it is found, and whether it is found again on trial, follow the machine's
+    load, and another slice may be found slow too: the checks are on slice 2's resizes, relative to when it was
+    found. (What a strategy does
     with a straggler back on trial is scale_down's rule too, tests/test_stragglers.py.)"""
     strategy = DiLoCo(inner_steps=4, drop_stragglers=True, drop_for_steps=4)
     slow = Chaos(failures=[{"at_step": 1, "slice": 2, "slow": 12}])
@@ -141,7 +143,7 @@ def test_a_straggler_is_dropped_at_an_outer_step_and_taken_back_at_one_with_no_s
     # back at the first outer step drop_for_steps later at which no other slice is dropped (a drop goes first)
     drops_at = {resize["step"] for resize in report["resizes"] if resize["reason"] == "dropped"}
     assert slice_2[0] == (dropped, "dropped") and slice_2[1][1] == "scale_up"
-    assert slice_2[1][0] == next(step for step in range(dropped + 4, 10**6, 4) if step not in drops_at)
+    assert slice_2[1][0] == next(step for step in itertools.count(dropped + 4, 4) if step not in drops_at)
     # the layout left last kept the rows of its last step only as long as the state it made lived
     left = (0, 1, 3) if 2 in trainer.slices else (0, 1, 2, 3)
     assert trainer._ctx.layouts.make(left).compiled.made_rows == {}
