@@ -54,7 +54,7 @@ def start_run(trainer: Trainer, *, watchdog: Watchdog, failures: FailureLog) -> 
         train_arrays, static = eqx.partition(state, eqx.is_array)
         sample = jax.tree.map(np.asarray, trainer.data.get_batch(np.zeros(1, dtype=np.int64)))
         functions = make_step_functions(trainer.loss_fn, trainer.optimizer, static, train_arrays)
-        check_fits(functions, train_arrays, sample)
+        check_fits(functions, train_arrays, sample, trainer.global_batch_size)
         arrays = _own_buffers(mode.init(train_arrays))
         step_cache = StepCache(functions, arrays, sample, within_slice=trainer.within_slice,
                                max_layouts=trainer.max_cached_layouts, mode=mode)

@@ -11,7 +11,7 @@ import optax
 
 import elastic_trainer as et
 from elastic_trainer._state import init_train_state
-from elastic_trainer._step import make_step_functions
+from elastic_trainer._step import check_fits, make_step_functions
 from elastic_trainer._goodput import GoodputClock
 from elastic_trainer._layouts import Layouts
 from elastic_trainer._records import FailureLog, Layout, RunContext
@@ -252,3 +252,35 @@ def test_compiles_queued_ahead_that_did_not_start_are_dropped_but_those_to_keep(
     by_slices = {record.slices: record for record in cache.records}
     assert by_slices[(1,)].ahead and by_slices[(1,)].started_at is None  # dropped before it started: recorded so
     cache.close()
+
+
+def test_the_model_is_traced_once_per_batch_shape_and_each_layout_replays_that_trace():
+    """The loss's Python runs once per batch shape however many layouts compile (the start's check that the model
+    fits the data included), and a replayed step lowers to the same program as one traced directly."""
+    model = et.Transformer(vocab_size=16, seq_len=8, d_model=16, num_heads=2, num_layers=1, key=jax.random.key(0))
+    optimizer = optax.adam(1e-2)
+    arrays, static = eqx.partition(init_train_state(model, optimizer, key=jax.random.key(1)), eqx.is_array)
+    batch_shapes = []
+
+    def loss(params, batch, *, key):
+        batch_shapes.append(batch.shape)
+        return et.next_token_loss(params, batch, key=key)
+
+    functions = make_step_functions(loss, optimizer, static, arrays)
+    sample = np.zeros((1, 9), np.int32)
+    check_fits(functions, arrays, sample, BATCH)
+    for split in (False, True):
+        cache = StepCache(functions, arrays, sample, within_slice="replicated",
+                          mode=et.SynchronousMode(split=split))
+        for slice_ in range(2):
+            cache.get(mesh_of(slice_), BATCH)
+    cache.get(et.make_mesh([jax.devices()[:2], jax.devices()[2:4]]), 2 * BATCH)  # another batch: traced anew
+    assert batch_shapes == [(BATCH, 9), (2 * BATCH, 9)]
+
+    # a replay (of the check's trace, made without a mesh) lowers to the program traced directly on the mesh
+    leaves = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in jax.tree.leaves(arrays)]
+    batch = jax.ShapeDtypeStruct((BATCH, 9), np.int32, sharding=et.batch_sharding(mesh_of(1)))
+    replayed, direct = (jax.jit(f).lower(leaves, batch).as_text()
+                        for f in (functions.gradients, functions.gradients.__wrapped__))
+    assert replayed == direct
+    assert batch_shapes == [(BATCH, 9), (2 * BATCH, 9), (BATCH, 9)]  # only the direct trace ran the loss again
