@@ -125,6 +125,13 @@ class TracedOnce:
         functools.update_wrapper(self, fn)
 
     def __call__(self, *args: Any) -> Any:
+        leaves = jax.tree.leaves(args)
+        jaxpr, out_structure = self.trace(*args)
+        return out_structure.unflatten(jaxpr_as_fun(jaxpr)(*leaves))
+
+    def trace(self, *args: Any) -> tuple[ClosedJaxpr, Any]:
+        """The jaxpr for arguments like ``args`` (arrays, tracers or ``jax.ShapeDtypeStruct``), traced now if
+        not yet, and its output's tree structure."""
         leaves, structure = jax.tree.flatten(args)
         types = tuple(jax.typeof(leaf) for leaf in leaves)
         key = (structure, tuple((t.shape, t.dtype, t.weak_type) for t in types))
@@ -132,8 +139,7 @@ class TracedOnce:
             abstract = [jax.ShapeDtypeStruct(t.shape, t.dtype, weak_type=t.weak_type) for t in types]
             traced = jax.jit(self._fn).trace(*structure.unflatten(abstract))
             self._traces[key] = traced.jaxpr, jax.tree.structure(traced.out_info)
-        jaxpr, out_structure = self._traces[key]
-        return out_structure.unflatten(jaxpr_as_fun(jaxpr)(*leaves))
+        return self._traces[key]
 
 
 def make_step_fn(loss_fn: LossFn, optimizer: optax.GradientTransformation, static: PyTree, arrays: PyTree) -> StepFn:
@@ -155,7 +161,7 @@ def check_fits(functions: StepFunctions, arrays: PyTree, sample: PyTree, batch_s
     gradients' trace is the one the first layout's step then replays (:class:`TracedOnce`)."""
     batch = jax.tree.map(lambda a: jax.ShapeDtypeStruct((batch_size, *a.shape[1:]), a.dtype), sample)
     try:
-        jax.eval_shape(functions.gradients, _abstract_leaves(arrays), batch)
+        functions.gradients.trace(_abstract_leaves(arrays), batch)
     except Exception as error:  # noqa: BLE001 - any error of the user's model or loss on this batch
         described = str(jax.tree.map(lambda a: f"{a.dtype}{list(a.shape)}", sample))
         shapes = re.sub(r"'(\w+\[[^]]*\])'", r"\1", described)  # float32[1, 8], not 'float32[1, 8]'
