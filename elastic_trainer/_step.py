@@ -116,7 +116,7 @@ class TracedOnce:
     cache gives each compile a function object of its own (so that an
     evicted layout's executable goes with it); the jaxpr holds no
     executable. Replayed, the step lowers to the same program as when traced
-    (docs/architecture.md, "The step"), in about half the time.
+    (docs/architecture.md, "Compiles").
     """
 
     def __init__(self, fn: Callable):
@@ -125,14 +125,16 @@ class TracedOnce:
         functools.update_wrapper(self, fn)
 
     def __call__(self, *args: Any) -> Any:
-        leaves = jax.tree.leaves(args)
-        jaxpr, out_structure = self.trace(*args)
+        leaves, structure = jax.tree.flatten(args)
+        jaxpr, out_structure = self._trace(leaves, structure)
         return out_structure.unflatten(jaxpr_as_fun(jaxpr)(*leaves))
 
     def trace(self, *args: Any) -> tuple[ClosedJaxpr, Any]:
         """The jaxpr for arguments like ``args`` (arrays, tracers or ``jax.ShapeDtypeStruct``), traced now if
         not yet, and its output's tree structure."""
-        leaves, structure = jax.tree.flatten(args)
+        return self._trace(*jax.tree.flatten(args))
+
+    def _trace(self, leaves: list, structure: Any) -> tuple[ClosedJaxpr, Any]:
         types = tuple(jax.typeof(leaf) for leaf in leaves)
         key = (structure, tuple((t.shape, t.dtype, t.weak_type) for t in types))
         if key not in self._traces:  # two threads may both trace it: the same jaxpr either way

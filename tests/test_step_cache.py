@@ -274,7 +274,10 @@ def test_the_model_is_traced_once_per_batch_shape_and_each_layout_replays_that_t
                           mode=et.SynchronousMode(split=split))
         for slice_ in range(2):
             cache.get(mesh_of(slice_), BATCH)
+        cache.close()
+    cache = StepCache(functions, arrays, sample, within_slice="replicated")
     cache.get(et.make_mesh([jax.devices()[:2], jax.devices()[2:4]]), 2 * BATCH)  # another batch: traced anew
+    cache.close()
     assert batch_shapes == [(BATCH, 9), (2 * BATCH, 9)]
 
     # a replay (of the check's trace, made without a mesh) lowers to the program traced directly on the mesh
