@@ -63,45 +63,61 @@ def keep_slices(tree: PyTree, mesh: Mesh, slices: Sequence[int]) -> PyTree:
     each array; nothing is read from the other slices' devices, and nothing
     is copied. The result lives on a mesh of just those slices.
     """
-    kept = Mesh(mesh.devices[list(slices)], mesh.axis_names)
-
-    def keep(array: jax.Array) -> jax.Array:
-        sharding = NamedSharding(kept, array.sharding.spec)
-        by_device = {shard.device: shard.data for shard in array.addressable_shards}
-        return jax.make_array_from_single_device_arrays(  # each process gives its own devices' shards
-            array.shape, sharding, [by_device[device] for device in kept.devices.flat if device in by_device]
-        )
-
-    return jax.tree.map(keep, tree)
+    kept = _kept_mesh(mesh, slices)
+    return jax.tree.map(lambda array: _keep(array, kept), tree)
 
 
-def spread(tree: PyTree, shardings: PyTree) -> PyTree:
-    """``tree`` (a full copy of the state on some slices) on ``shardings``, whose mesh may hold other slices.
+def _kept_mesh(mesh: Mesh, slices: Sequence[int]) -> Mesh:
+    return Mesh(mesh.devices[list(slices)], mesh.axis_names)
 
-    A device that holds its shard already keeps it, and every other device of
-    this process gets a copy of a held shard of the same index (a spare's
-    devices): one device-to-device copy each, all of them in one batched
-    ``jax.device_put`` (one call per shard cost 0.02 s more on the default
-    job). An array with a shard that no device here holds goes through
-    ``jax.device_put`` whole, whose copy between meshes of different devices
-    reads the array whole.
+
+def _keep(array: jax.Array, kept: Mesh) -> jax.Array:
+    """``array`` from the shards on ``kept``'s devices alone, on ``kept``."""
+    by_device = {shard.device: shard.data for shard in array.addressable_shards}
+    return jax.make_array_from_single_device_arrays(  # each process gives its own devices' shards
+        array.shape, NamedSharding(kept, array.sharding.spec),
+        [by_device[device] for device in kept.devices.flat if device in by_device],
+    )
+
+
+def move_replica(tree: PyTree, mesh: Mesh, slices: Sequence[int], shardings: PyTree) -> PyTree:
+    """``tree`` (a full copy of the state on every slice of ``mesh``) on ``shardings``, whose mesh may hold other
+    slices, read from the slices at ``slices`` of ``mesh`` alone.
+
+    A device of those slices that holds its shard already keeps it, and every
+    other device of this process gets a copy of a held shard of the same
+    index (a spare's devices): one device-to-device copy each, all of them in
+    one batched ``jax.device_put`` (one call per shard cost 0.02 s more on the
+    default job). An array with a shard that no kept device here holds is
+    first made from the kept slices' shards (:func:`keep_slices`), then goes
+    through ``jax.device_put`` whole, whose copy between meshes of different
+    devices reads the array whole.
+
+    Each array is made once, not once on the kept slices' mesh and again on
+    the new one: for the default job's state (94 arrays, 2 cores, medians of
+    7) the move onto one slice fewer took 2.6 ms instead of 7.5 ms, and onto
+    the survivors and a spare 7.4 ms instead of 10.7 ms.
     """
+    kept = _kept_mesh(mesh, slices)
+    held_on = frozenset(kept.devices.flat)
     arrays, targets = jax.tree.leaves(tree), jax.tree.leaves(shardings)
-    plans = [_spread_plan(array, sharding) for array, sharding in zip(arrays, targets, strict=True)]
+    plans = [_spread_plan(array, sharding, held_on) for array, sharding in zip(arrays, targets, strict=True)]
     copies = [shard for plan in plans if plan is not None for shard in plan if isinstance(shard, tuple)]
     copied = iter(jax.device_put([data for data, _ in copies], [device for _, device in copies]))
-    spread_out = [
-        jax.device_put(array, sharding) if plan is None else jax.make_array_from_single_device_arrays(
+    moved = [
+        jax.device_put(_keep(array, kept), sharding) if plan is None else jax.make_array_from_single_device_arrays(
             array.shape, sharding, [next(copied) if isinstance(shard, tuple) else shard for shard in plan])
         for array, sharding, plan in zip(arrays, targets, plans, strict=True)
     ]
-    return jax.tree.unflatten(jax.tree.structure(tree), spread_out)
+    return jax.tree.unflatten(jax.tree.structure(tree), moved)
 
 
-def _spread_plan(array: jax.Array, sharding: NamedSharding) -> list[jax.Array | tuple[jax.Array, jax.Device]] | None:
-    """Per device of ``sharding`` in this process: the shard it holds already, or the held shard to copy onto it
-    and the device; None if a shard it needs is held nowhere here."""
-    own = {shard.device: shard for shard in array.addressable_shards}
+def _spread_plan(array: jax.Array, sharding: NamedSharding, held_on: frozenset[jax.Device]
+                 ) -> list[jax.Array | tuple[jax.Array, jax.Device]] | None:
+    """Per device of ``sharding`` in this process: the shard it holds already, or the shard held on a device of
+    ``held_on`` to copy onto it and the device; None if a shard it needs is held nowhere here."""
+    shards = [shard for shard in array.addressable_shards if shard.device in held_on]
+    own = {shard.device: shard for shard in shards}
     wanted = sharding.addressable_devices_indices_map(array.shape)  # in the order the array's shards are given
     if array.sharding.is_fully_replicated and sharding.is_fully_replicated:  # any shard is the whole array
         source = next(iter(own.values())).data
@@ -110,7 +126,7 @@ def _spread_plan(array: jax.Array, sharding: NamedSharding) -> list[jax.Array | 
     def key(index: tuple[slice, ...]) -> tuple:
         return tuple((s.start, s.stop, s.step) for s in index)
 
-    held = {key(shard.index): shard.data for shard in array.addressable_shards}
+    held = {key(shard.index): shard.data for shard in shards}
     if any(key(index) not in held for index in wanted.values()):
         return None
     return [own[device].data if device in own and key(own[device].index) == key(index) else (held[key(index)], device)

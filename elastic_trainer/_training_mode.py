@@ -18,7 +18,7 @@ from jax.sharding import Mesh
 from jaxtyping import PyTree
 
 from ._compiled_step import CompiledStep, DeviceScalars, FusedStep, SplitStep
-from ._mesh import WithinSlice, keep_slices, spread
+from ._mesh import WithinSlice, move_replica
 from ._state import TrainState
 from ._step import StepFunctions, compile_gradients, compile_step, compile_update
 
@@ -65,9 +65,8 @@ class AbstractTrainingMode(abc.ABC):
     def move(self, arrays: PyTree, mesh: Mesh, positions: Sequence[int], shardings: PyTree) -> PyTree:
         """The state held on the slices at ``positions`` of ``mesh`` onto ``shardings`` (another layout's), read
         from those slices alone: a replica restore, a resize, a dropped replica. By default every slice holds a
-        full copy, so the kept slices' shards make it up (:func:`keep_slices`) and a new slice gets a copy
-        (:func:`spread`)."""
-        return spread(keep_slices(arrays, mesh, positions), shardings)
+        full copy, so the kept slices' shards make it up and a new slice gets a copy (:func:`move_replica`)."""
+        return move_replica(arrays, mesh, positions, shardings)
 
     def rows_onto(self, arrays: PyTree, from_slices: Sequence[int], to_slices: Sequence[int]
                   ) -> tuple[PyTree, tuple[int, ...]]:

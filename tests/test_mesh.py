@@ -3,10 +3,12 @@ import sys
 
 import jax
 import jax.numpy as jnp
+import numpy as np
+import pytest
 from jax.sharding import PartitionSpec as P
 
 import elastic_trainer as et
-from elastic_trainer._mesh import batch_sharding, spread, state_shardings
+from elastic_trainer._mesh import batch_sharding, keep_slices, move_replica, state_shardings
 
 
 def mesh_of(slices, devices_per_slice):
@@ -37,14 +39,14 @@ def test_sharded_state_splits_the_largest_divisible_axis_and_keeps_the_rest_whol
 
 
 def test_a_replica_spreads_onto_a_spares_devices_keeping_the_survivors_buffers():
-    """Slices 0 and 2 of 3 (2 devices each, the state split within each slice) hold the state; spread onto slices
+    """Slices 0 and 2 of 3 (2 devices each, the state split within each slice) hold the state; moved onto slices
     0, 2 and the spare 3: the survivors' devices keep their very buffers, the spare's get copies of the shards of
     the same index, and every value is the original's."""
     devices = et.SimulatedCluster(3, 2, spare_slices=1).slice_devices()
     survivors, swapped = et.make_mesh([devices[s] for s in (0, 2)]), et.make_mesh([devices[s] for s in (0, 2, 3)])
     state = {"w": jnp.arange(24.0).reshape(3, 8), "key": jax.random.key(7)}
     held = jax.device_put(state, state_shardings(state, survivors, within_slice="sharded"))
-    spread_out = spread(held, state_shardings(state, swapped, within_slice="sharded"))
+    spread_out = move_replica(held, survivors, [0, 1], state_shardings(state, swapped, within_slice="sharded"))
     assert spread_out["w"].sharding.mesh.devices.tolist() == swapped.devices.tolist()
     kept = {shard.device: shard.data.unsafe_buffer_pointer() for shard in held["w"].addressable_shards}
     for shard in spread_out["w"].addressable_shards:
@@ -54,6 +56,35 @@ def test_a_replica_spreads_onto_a_spares_devices_keeping_the_survivors_buffers()
             assert shard.data.unsafe_buffer_pointer() not in kept.values(), "a spare's shard aliases a survivor's"
         assert (shard.data == state["w"][shard.index]).all()
     assert (jax.random.key_data(spread_out["key"]) == jax.random.key_data(state["key"])).all()
+
+
+@pytest.mark.parametrize("within_slice", ["replicated", "sharded"])
+@pytest.mark.parametrize("lost", [0, 2])
+def test_a_replica_moves_in_one_pass_from_the_surviving_slices_alone(within_slice, lost):
+    """Slices 0, 1 and 2 (2 devices each) hold the state; one is lost (the simulated cluster fills its shards with
+    garbage) and the state moves onto the other two and the spare 3 with move_replica: the values of keep_slices
+    then a move off every kept slice, every one the original's, the survivors' very buffers kept, and none read from the lost slice
+    (the first slice's shards or the last's would be read first were every slice's)."""
+    cluster = et.SimulatedCluster(3, 2, spare_slices=1)
+    devices = cluster.slice_devices()
+    survivors = [s for s in range(3) if s != lost]
+    before, after = et.make_mesh(devices[:3]), et.make_mesh([devices[s] for s in (*survivors, 3)])
+    state = {"w": jnp.arange(24.0).reshape(3, 8), "odd": jnp.arange(15.0).reshape(3, 5), "step": jnp.int32(7)}
+    held = cluster.surviving(jax.device_put(state, state_shardings(state, before, within_slice=within_slice)), [lost])
+    shardings = state_shardings(state, after, within_slice=within_slice)
+    moved = move_replica(held, before, survivors, shardings)
+    on_survivors = keep_slices(held, before, survivors)
+    in_two_passes = move_replica(on_survivors, et.make_mesh([devices[s] for s in survivors]), [0, 1], shardings)
+    for name in state:
+        assert moved[name].sharding == shardings[name]
+        kept = {shard.device: shard.data.unsafe_buffer_pointer() for shard in held[name].addressable_shards
+                if shard.device not in devices[lost]}
+        two_passes = {shard.device: shard.data for shard in in_two_passes[name].addressable_shards}
+        for shard in moved[name].addressable_shards:  # every device's shard: a whole array reads only the first
+            np.testing.assert_array_equal(shard.data, state[name][shard.index])
+            np.testing.assert_array_equal(shard.data, two_passes[shard.device])
+            if shard.device in kept:
+                assert shard.data.unsafe_buffer_pointer() == kept[shard.device], "a survivor's shard was copied"
 
 
 def test_a_smaller_simulated_cluster_leaves_jax_the_devices_already_asked_for():
