@@ -33,7 +33,8 @@ so the first run starts cold:
 
 Then ``swap_ratio=...`` (``hot_swap``'s ``recovery_s`` over ``scale_down``'s at
 the same step, the worse of early and late; each of those four rows is the
-run of median ``recovery_s`` of ``--swap-repeats`` runs, 3 by default), ``peer_ratio=...`` (MaxText-style
+run of median ``recovery_s`` of ``--swap-repeats`` runs, 5 by default, the two
+strategies' runs taken in turn), ``peer_ratio=...`` (MaxText-style
 ``recovery_s`` over ``scale_down``'s at the same step, the worse of early and
 late; a MaxText-style loop also trains
 its lost steps again, listed but not in the ratio), ``recovery_ratio=...``
@@ -46,7 +47,7 @@ With ``--sizes``, only the badput comparison, for the default model, for
 here at 1 step/s or more (``LARGEST``): a table of recovery and badput against
 the state's bytes, and a plot (``--plot``).
 
-    python benchmarks/recovery.py [--steps 160] [--early 50] [--late 120] [--positions 3 21 47 65 89] [--swap-repeats 3]
+    python benchmarks/recovery.py [--steps 160] [--early 50] [--late 120] [--positions 3 21 47 65 89] [--swap-repeats 5]
     python benchmarks/recovery.py --sizes [--plot benchmarks/results/recovery_sizes.png]
 """
 
@@ -134,7 +135,8 @@ def ready_when_lost(report: dict) -> tuple[list[list[int]], int]:
 
 SWAP_COMPARED = ("scale_down", "hot_swap")
 """The strategies whose rows ``swap_ratio`` compares: each row is the median of ``--swap-repeats`` runs, since a
-recovery of 0.2 s varies by a tenth from run to run on shared cores (a background save, a collection)."""
+recovery of 0.2 s varies by a tenth from run to run on shared cores (a background save, a collection); their runs
+alternate, one of each in turn, at each failure step."""
 
 BADPUT_KINDS = {"maxtext_style": None, "scale_down before launch": "train_step", "scale_down while running": "update"}
 
@@ -188,7 +190,7 @@ def main() -> None:
     parser.add_argument("--badput-period", type=int, default=100, help="both loops' checkpoint period for badput")
     parser.add_argument("--positions", type=int, nargs="+", default=[3, 21, 47, 65, 89],
                         help="the badput failures' steps, spread over one --badput-period")
-    parser.add_argument("--swap-repeats", type=int, default=3,
+    parser.add_argument("--swap-repeats", type=int, default=5,
                         help="runs of each row swap_ratio compares (the median's row is shown)")
     parser.add_argument("--sizes", action="store_true", help="only the badput comparison, for three model sizes")
     parser.add_argument("--plot", type=Path, default=None, help="with --sizes: write the plot here")
@@ -216,13 +218,18 @@ def recovery(tmp: Path, env: dict, args: argparse.Namespace) -> None:
     rows: dict[str, dict] = {}
     spares = ("cluster.spare_slices=1",)  # the swap's cluster: its layouts are other programs, warmed up as well
     trainer_run("hot_swap", args.early, tmp / "hot_swap-warm-up", args.steps, env, overrides=spares, **run)
-    for strategy, fail_at in [("scale_down", args.early), ("scale_down", args.late), ("pause_resume", args.late),
-                              ("full_restart", args.early), ("full_restart", args.late), ("hot_swap", args.early),
-                              ("hot_swap", args.late)]:
-        repeats = args.swap_repeats if strategy in SWAP_COMPARED else 1
-        runs = [trainer_run(strategy, fail_at, tmp / f"{strategy}-{fail_at}-{n}", args.steps, env,
-                            overrides=spares if strategy == "hot_swap" else (), **run) for n in range(repeats)]
-        rows[f"{strategy}@{fail_at}"] = sorted(runs, key=lambda row: row["recovery_s"])[len(runs) // 2]
+    compared: dict[str, list[dict]] = {}
+    for n in range(args.swap_repeats):  # interleaved: a drift of the machine's speed reaches both alike
+        for fail_at in (args.early, args.late):
+            for strategy in SWAP_COMPARED:
+                compared.setdefault(f"{strategy}@{fail_at}", []).append(trainer_run(
+                    strategy, fail_at, tmp / f"{strategy}-{fail_at}-{n}", args.steps, env,
+                    overrides=spares if strategy == "hot_swap" else (), **run))
+    for name, runs in compared.items():
+        rows[name] = sorted(runs, key=lambda row: row["recovery_s"])[len(runs) // 2]
+    for strategy, fail_at in [("pause_resume", args.late), ("full_restart", args.early), ("full_restart", args.late)]:
+        rows[f"{strategy}@{fail_at}"] = trainer_run(strategy, fail_at, tmp / f"{strategy}-{fail_at}", args.steps, env,
+                                                    **run)
     maxtext = {"down_for_s": args.down_for_s, "checkpoint_period": args.maxtext_checkpoint_period}
     maxtext_run(args.early, tmp / "maxtext-warm-up", args.steps, env, **maxtext)  # its own steps into the cache
     for fail_at in (args.early, args.late):

@@ -62,9 +62,10 @@ def test_a_replica_spreads_onto_a_spares_devices_keeping_the_survivors_buffers()
 @pytest.mark.parametrize("lost", [0, 2])
 def test_a_replica_moves_in_one_pass_from_the_surviving_slices_alone(within_slice, lost):
     """Slices 0, 1 and 2 (2 devices each) hold the state; one is lost (the simulated cluster fills its shards with
-    garbage) and the state moves onto the other two and the spare 3 with move_replica: the values of keep_slices
-    then a move off every kept slice, every one the original's, the survivors' very buffers kept, and none read from the lost slice
-    (the first slice's shards or the last's would be read first were every slice's)."""
+    garbage) and the state moves onto the other two and the spare 3 with move_replica, in one pass: the values of
+    keep_slices and then a move off every kept slice, every one the original's on every device, the survivors'
+    very buffers kept, and nothing read from the lost slice (were every slice's shards read, the first slice's or
+    the last's would be the ones copied)."""
     cluster = et.SimulatedCluster(3, 2, spare_slices=1)
     devices = cluster.slice_devices()
     survivors = [s for s in range(3) if s != lost]
