@@ -101,7 +101,7 @@ def move_replica(tree: PyTree, mesh: Mesh, slices: Sequence[int], shardings: PyT
     kept = _kept_mesh(mesh, slices)
     held_on = frozenset(kept.devices.flat)
     arrays, targets = jax.tree.leaves(tree), jax.tree.leaves(shardings)
-    plans = [_spread_plan(array, sharding, held_on) for array, sharding in zip(arrays, targets, strict=True)]
+    plans = [_move_plan(array, sharding, held_on) for array, sharding in zip(arrays, targets, strict=True)]
     copies = [shard for plan in plans if plan is not None for shard in plan if isinstance(shard, tuple)]
     copied = iter(jax.device_put([data for data, _ in copies], [device for _, device in copies]))
     moved = [
@@ -112,7 +112,7 @@ def move_replica(tree: PyTree, mesh: Mesh, slices: Sequence[int], shardings: PyT
     return jax.tree.unflatten(jax.tree.structure(tree), moved)
 
 
-def _spread_plan(array: jax.Array, sharding: NamedSharding, held_on: frozenset[jax.Device]
+def _move_plan(array: jax.Array, sharding: NamedSharding, held_on: frozenset[jax.Device]
                  ) -> list[jax.Array | tuple[jax.Array, jax.Device]] | None:
     """Per device of ``sharding`` in this process: the shard it holds already, or the shard held on a device of
     ``held_on`` to copy onto it and the device; None if a shard it needs is held nowhere here."""
