@@ -113,8 +113,8 @@ class TracedOnce:
     instead of running ``fn``'s Python again, its ``vmap`` and differentiation included.
 
     JAX's own trace cache is keyed on the function object, and the step
-    cache gives each compile a function object of its own (so that an
-    evicted layout's executable goes with it); the jaxpr holds no
+    cache makes new function objects after each eviction (so that the
+    evicted layout's executable goes with the old ones); the jaxpr holds no
     executable. Replayed, the step lowers to the same program as when traced
     (docs/architecture.md, "Compiles").
     """

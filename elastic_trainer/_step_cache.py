@@ -53,8 +53,12 @@ class StepCache:
     At most ``max_layouts`` compiled steps are kept: the least recently used
     one goes first, never the layout in use (the last one :meth:`get` returned)
     nor a compile under way, and :meth:`compile_ahead` starts a compile only
-    while there is room. Each compile traces a function object of its own, so
-    that JAX's caches (keyed on the function) drop the evicted executable too.
+    while there is room. The layouts compiled since the last eviction share
+    one set of function objects (a *generation*), so JAX lowers the step once
+    for all of them of the same shape (its lowering cache ignores which
+    devices); an eviction starts a new generation, and dropping the old one's
+    function objects lets JAX's caches (keyed on them) free the evicted
+    executable. The layouts still kept hold their own compiled steps.
 
     A layout's step is what the training ``mode`` compiles for its mesh
     (:class:`~elastic_trainer.SynchronousMode` by default: one program with the
@@ -74,6 +78,7 @@ class StepCache:
         max_layouts: int = DEFAULT_MAX_LAYOUTS, mode: AbstractTrainingMode = SynchronousMode(),
     ):
         self._functions = functions
+        self._generation = _own(functions)
         self.mode = mode
         self._abstract = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), arrays)
         self._sample = sample
@@ -163,6 +168,7 @@ class StepCache:
         for key in evictable[: max(0, len(self._futures) - self.max_layouts)]:
             del self._futures[key]
             self.evicted += 1
+            self._generation = _own(self._functions)
 
     def _record(self, key: tuple, slices: Sequence[int], *, ahead: bool) -> None:
         """Note that ``key``'s step (the layout of ``slices``) was asked for now."""
@@ -177,7 +183,7 @@ class StepCache:
             lambda leaf: jax.ShapeDtypeStruct((batch_size, *leaf.shape[1:]), leaf.dtype, sharding=batch_sharding(mesh)),
             self._sample,
         )
-        compiled, shardings = self.mode.compile(_own(self._functions), self._abstract, batch, mesh,
+        compiled, shardings = self.mode.compile(self._generation, self._abstract, batch, mesh,
                                                 within_slice=self._within_slice)
         loaded = getattr(_persistent_cache_hits, "hits", 0) > hits_before
         self.records[index] = dataclasses.replace(self.records[index], ready_at=time.time(), loaded=loaded)
@@ -189,6 +195,6 @@ class StepCache:
 
 
 def _own(functions: StepFunctions) -> StepFunctions:
-    """``functions`` as function objects of their own: JAX's caches, keyed on the function, then let go of a
-    compiled program once the step cache does."""
+    """``functions`` as function objects of their own, a generation's: once the step cache lets go of them, JAX's
+    caches, keyed on the function, let go of what they compiled (their lowerings and executables)."""
     return StepFunctions(*(functools.wraps(f)(lambda *args, f=f: f(*args)) for f in functions))

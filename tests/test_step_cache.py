@@ -138,6 +138,56 @@ def test_an_evicted_layout_frees_its_executable():
     assert live_executables() == kept
 
 
+def executables_on(slice_: int) -> int:
+    """Live executables that run on slice ``slice_``'s devices alone: its layout's compiled step."""
+    gc.collect()
+    devices = set(mesh_of(slice_).devices.flat)
+    return sum(set(e.local_devices()) == devices for e in jax.devices()[0].client.live_executables())
+
+
+def test_an_evicted_layout_is_freed_while_one_compiled_alongside_it_is_kept():
+    # slices 0 and 1 are compiled from the same function objects, whose lowering they share; evicting 0 must
+    # free 0's executable while 1's stays, as must evicting 1 later
+    before = [executables_on(s) for s in range(4)]  # an earlier test's, not yet collected
+
+    def added() -> list[int]:
+        return [executables_on(s) - b for s, b in enumerate(before)]
+
+    cache = new_cache(max_layouts=2)
+    for slice_ in (0, 1):
+        cached(cache, slice_)
+    assert added() == [1, 1, 0, 0]
+    cached(cache, 2)
+    assert cache.evicted == 1 and added() == [0, 1, 1, 0]
+    cached(cache, 3)
+    assert cache.evicted == 2 and added() == [0, 0, 1, 1]
+
+
+LOWERED = "/jax/core/compile/jaxpr_to_mlir_module_duration"
+"""The event JAX records each time it lowers a program to StableHLO (a miss of its lowering cache)."""
+
+
+def test_layouts_of_the_same_shape_are_lowered_once_until_an_eviction():
+    lowered = []
+
+    def count(event: str, duration: float, **_: object) -> None:
+        if event == LOWERED:
+            lowered.append(event)
+
+    cache = new_cache(max_layouts=3)
+    jax.monitoring.register_event_duration_secs_listener(count)
+    try:
+        for slice_ in (0, 1, 2):
+            cached(cache, slice_)
+        assert len(lowered) == 1  # the fused step, once for the three layouts of 2 devices
+        cached(cache, 3)  # compiled from the same lowering, then slice 0's layout is evicted: a new generation
+        assert cache.evicted == 1 and len(lowered) == 1
+        cached(cache, 0)  # the new generation's first layout is lowered anew
+        assert cache.evicted == 2 and len(lowered) == 2
+    finally:
+        jax.monitoring.unregister_event_duration_listener(count)
+
+
 def test_a_run_again_loads_its_compiles_from_the_persistent_compilation_cache(tiny_trainer_kwargs):
     """The tests share one persistent compilation cache (conftest.py): the same job run a second time loads every
     step the first run compiled, the full layout's and those compiled ahead, and its report says so. (A run ends
