@@ -138,20 +138,20 @@ def test_an_evicted_layout_frees_its_executable():
     assert live_executables() == kept
 
 
-def executables_on(slice_: int) -> int:
-    """Live executables that run on slice ``slice_``'s devices alone: its layout's compiled step."""
+def executables_by_slice() -> list[int]:
+    """Per slice: the live executables that run on its devices alone (its layout's compiled step)."""
     gc.collect()
-    devices = set(mesh_of(slice_).devices.flat)
-    return sum(set(e.local_devices()) == devices for e in jax.devices()[0].client.live_executables())
+    live = [set(e.local_devices()) for e in jax.devices()[0].client.live_executables()]
+    return [sum(devices == set(mesh_of(s).devices.flat) for devices in live) for s in range(4)]
 
 
 def test_an_evicted_layout_is_freed_while_one_compiled_alongside_it_is_kept():
     # slices 0 and 1 are compiled from the same function objects, whose lowering they share; evicting 0 must
     # free 0's executable while 1's stays, as must evicting 1 later
-    before = [executables_on(s) for s in range(4)]  # an earlier test's, not yet collected
+    before = executables_by_slice()  # an earlier test's, not yet collected
 
     def added() -> list[int]:
-        return [executables_on(s) - b for s, b in enumerate(before)]
+        return [now - then for now, then in zip(executables_by_slice(), before, strict=True)]
 
     cache = new_cache(max_layouts=2)
     for slice_ in (0, 1):
