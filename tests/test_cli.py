@@ -25,22 +25,26 @@ def run_cli(*args, timeout=300):
     )
 
 
-def test_twenty_steps_write_a_complete_report(tmp_path):
-    result = run_cli("trainer.steps=20", f"hydra.run.dir={tmp_path}")
+STEPS = 12
+"""The default job's shortest run: its learning rate warms up over 10 steps, and the decay must be longer."""
+
+
+def test_a_short_run_of_the_default_job_writes_a_complete_report(tmp_path):
+    result = run_cli(f"trainer.steps={STEPS}", f"hydra.run.dir={tmp_path}")
     assert result.returncode == 0, result.stderr
     report = json.loads((tmp_path / "report.json").read_text())
     assert REPORT_FIELDS <= set(report)
-    assert report["steps_completed"] == report["steps_target"] == 20
+    assert report["steps_completed"] == report["steps_target"] == STEPS
     assert report["cluster"] == {"kind": "simulated", "slices": 4, "devices_per_slice": 2, "spare_slices": 0}
     assert report["final_loss"] < report["loss_first"]
-    assert report["samples"]["consumed"] == 20 * 48
+    assert report["samples"]["consumed"] == STEPS * 48
     assert report["badput_s"]["startup"] > 0 and report["badput_s"]["compile"] > 0
     accounted = report["productive_s"] + sum(report["badput_s"].values())
     assert accounted == pytest.approx(report["wall_s"], rel=0.01)
     assert report["goodput"] == pytest.approx(report["productive_s"] / report["wall_s"])
-    assert "step 20/20" in result.stdout  # plain progress lines when stdout is not a terminal
+    assert f"step {STEPS}/{STEPS}" in result.stdout  # plain progress lines when stdout is not a terminal
     assert "goodput" in result.stdout  # the human summary
-    assert (tmp_path / "checkpoints" / "20").is_dir()  # the last step is always saved
+    assert (tmp_path / "checkpoints" / str(STEPS)).is_dir()  # the last step is always saved
 
 
 @pytest.mark.parametrize(
