@@ -113,7 +113,7 @@ def move_replica(tree: PyTree, mesh: Mesh, slices: Sequence[int], shardings: PyT
 
 
 def _move_plan(array: jax.Array, sharding: NamedSharding, held_on: frozenset[jax.Device]
-                 ) -> list[jax.Array | tuple[jax.Array, jax.Device]] | None:
+               ) -> list[jax.Array | tuple[jax.Array, jax.Device]] | None:
     """Per device of ``sharding`` in this process: the shard it holds already, or the shard held on a device of
     ``held_on`` to copy onto it and the device; None if a shard it needs is held nowhere here."""
     shards = [shard for shard in array.addressable_shards if shard.device in held_on]
