@@ -9,6 +9,13 @@ import tempfile
 
 os.environ["ELASTIC_TRAINER_DISABLE_PLUGIN_AUTOLOAD"] = "1"
 
+# Python caches compiled modules (__pycache__) here and in every process a test starts, even where the environment
+# says not to (PYTHONDONTWRITEBYTECODE, as container images often set; this project's CI machine does): the suite
+# starts about 90 Python processes, each of which would compile the package's 14,000 lines again (0.2 CPU-s), and
+# each pytest worker would rewrite the test modules' assertions again.
+os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
+sys.dont_write_bytecode = False
+
 # JAX's persistent compilation cache for the whole session, this process and every process a test starts
 # (JAX reads these variables when it starts): the tests compile the same few steps of a tiny model over and
 # over, as a user's runs do with trainer.compilation_cache_dir, and compile time is not what they test. One
