@@ -140,17 +140,17 @@ def test_scale_down_drops_a_slow_process_found_a_straggler_and_goes_on_without_i
 
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGKILL])
 def test_a_launcher_ended_by_a_signal_takes_every_worker_with_it(run_dir, signum):
-    """2 processes and a spare: a SIGTERM stops the job (143, not the 0 of the spare that was not needed), a SIGKILL
+    """1 process and a spare: a SIGTERM stops the job (143, not the 0 of the spare that was not needed), a SIGKILL
     takes every process with the launcher."""
-    command = [sys.executable, "-m", "elastic_trainer", *TINY, "cluster=multiprocess", "cluster.spare_slices=1",
-               "+strategy=hot_swap", "trainer.steps=1000", f"hydra.run.dir={run_dir}"]
+    command = [sys.executable, "-m", "elastic_trainer", *TINY, "cluster=multiprocess", "cluster.num_processes=1",
+               "cluster.spare_slices=1", "+strategy=hot_swap", "trainer.steps=1000", f"hydra.run.dir={run_dir}"]
     env = {**os.environ, "ELASTIC_TRAINER_DISABLE_PLUGIN_AUTOLOAD": "1"}
     with subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) as launcher:
-        started = [run_dir / f"process{i}" / ".hydra" for i in range(3)]  # the workers run their Hydra job
+        started = [run_dir / f"process{i}" / ".hydra" for i in range(2)]  # the workers run their Hydra job
         deadline = time.monotonic() + HANG_GUARD_S
         while not all(path.exists() for path in started) and time.monotonic() < deadline:
             time.sleep(0.1)
-        assert len(processes_of(run_dir)) == 4, "the launcher did not start its 3 workers"
+        assert len(processes_of(run_dir)) == 3, "the launcher did not start its 2 workers"
         time.sleep(0.5)
         launcher.send_signal(signum)
         assert launcher.wait(timeout=HANG_GUARD_S) == (143 if signum == signal.SIGTERM else -signal.SIGKILL)
