@@ -36,6 +36,7 @@ checks that the committed table is the one the run generates.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import os
 import shutil
@@ -502,6 +503,13 @@ def reference_checkpoints(cluster: list[str], tmp_path_factory) -> Path:
     return _cli_references[slices]
 
 
+@functools.cache
+def reference_states(directory: Path) -> dict[int, dict[str, np.ndarray]]:
+    """:func:`saved_states` of a reference made by :func:`reference_checkpoints`, read once: it never changes
+    (callers only read it)."""
+    return saved_states(directory)
+
+
 @pytest.fixture
 def cli_reference(cell, tmp_path_factory) -> Path:
     """:func:`reference_checkpoints` for ``cell``'s cluster, made in the first such cell's setup."""
@@ -563,10 +571,10 @@ def test_cell_through_the_command_line(tmp_path, cli_reference, cell):
     if expected.resumes_from is not None:  # a resume whose restore a kill interrupted included
         assert report["resumed_from"] == expected.resumes_from
     # every checkpoint holds the failure-free state of its step, the final one included
-    on_disk, reference_states = saved_states(run_dir / "checkpoints"), saved_states(reference)
+    on_disk, expected_states = saved_states(run_dir / "checkpoints"), reference_states(reference)
     assert CLI_STEPS in on_disk, "the final state was not saved"
     for step in on_disk:
-        assert_same_arrays(on_disk[step], reference_states[step], f"the checkpoint of step {step}")
+        assert_same_arrays(on_disk[step], expected_states[step], f"the checkpoint of step {step}")
     # every restore, in order; a checkpoint is restored only after its save completed, in an earlier worker
     # (or in the interrupted run)
     events = [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines()]

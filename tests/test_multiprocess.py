@@ -17,7 +17,7 @@ import pytest
 from test_cli import run_cli
 from test_config import compose_config
 from test_fault_matrix import (CLI_TINY, GLOO_ABORT, assert_same_arrays, processes, processes_of,
-                               reference_checkpoints, saved_states)
+                               reference_checkpoints, reference_states, saved_states)
 
 from elastic_trainer.config._build import build_trainer
 from elastic_trainer.launch._launcher import free_port
@@ -100,7 +100,7 @@ def test_scale_down_survives_a_stuck_process_and_a_kill_between_agreement_and_sa
     on_disk = saved_states(run_dir / "checkpoints")
     assert set(on_disk) == {3, 9, 12}
     # each holds the state of its step in a failure-free run (in this process, as many slices and devices)
-    expected = saved_states(reference_checkpoints(THREE, tmp_path_factory))
+    expected = reference_states(reference_checkpoints(THREE, tmp_path_factory))
     for step in on_disk:
         assert_same_arrays(on_disk[step], expected[step], f"the checkpoint of step {step}")
 
@@ -132,7 +132,7 @@ def test_scale_down_drops_a_slow_process_found_a_straggler_and_goes_on_without_i
     events = [json.loads(line)["event"] for line in (run_dir / "events.jsonl").read_text().splitlines()]
     assert events.index("straggler") < events.index("resize")
     on_disk = saved_states(run_dir / "checkpoints")
-    expected = saved_states(reference_checkpoints(processes(2), tmp_path_factory))
+    expected = reference_states(reference_checkpoints(processes(2), tmp_path_factory))
     assert set(on_disk) == {3, 6, 9, 12}  # step 3's by both processes, the later ones by process 0 alone
     for step in on_disk:
         assert_same_arrays(on_disk[step], expected[step], f"the checkpoint of step {step}")
@@ -221,7 +221,7 @@ def test_a_job_started_the_way_srun_starts_it_loses_task_0_and_its_slice_goes_do
     assert report["samples"] == {"consumed": 12 * 48, "duplicated": 0, "skipped": 0}
     on_disk = saved_states(checkpoints)  # step 9's save was under way when task 0 died: on disk if it completed
     assert {3, 6, 12} <= set(on_disk) <= {3, 6, 9, 12}
-    expected = saved_states(reference_checkpoints(processes(2), tmp_path_factory))  # 2 slices of 2 devices
+    expected = reference_states(reference_checkpoints(processes(2), tmp_path_factory))  # 2 slices of 2 devices
     for step in on_disk:
         assert_same_arrays(on_disk[step], expected[step], f"the checkpoint of step {step}")
 
@@ -259,7 +259,7 @@ def test_pause_resume_waits_for_the_replacement_of_a_killed_process_which_gets_i
     assert replacement["resumed_from"] is None and replacement["samples"]["consumed"] == (12 - 5) * 48
     on_disk = saved_states(run_dir / "checkpoints")
     assert set(on_disk) == {3, 6, 9, 12}  # 6, 9 and 12 saved by both processes again
-    expected = saved_states(reference_checkpoints(processes(2), tmp_path_factory))
+    expected = reference_states(reference_checkpoints(processes(2), tmp_path_factory))
     for step in on_disk:
         assert_same_arrays(on_disk[step], expected[step], f"the checkpoint of step {step}")
 
@@ -387,7 +387,7 @@ def test_a_slice_of_two_processes_comes_back_whole_under_pause_resume(run_dir, t
     assert report["samples"] == {"consumed": 12 * 48, "duplicated": 0, "skipped": 0}
     on_disk = saved_states(run_dir / "checkpoints")
     assert set(on_disk) == {3, 6, 9, 12}
-    expected = saved_states(reference_checkpoints(processes(2), tmp_path_factory))  # 2 slices of 2 devices
+    expected = reference_states(reference_checkpoints(processes(2), tmp_path_factory))  # 2 slices of 2 devices
     for step in on_disk:
         assert_same_arrays(on_disk[step], expected[step], f"the checkpoint of step {step}")
 
