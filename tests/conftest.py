@@ -1,7 +1,6 @@
 """Shared fixtures: 8 CPU devices, no entry-point autoloading, a tiny workload, one compilation cache, code
 generated at -O0."""
 
-import gc
 import os
 import shutil
 import subprocess
@@ -16,12 +15,6 @@ os.environ["ELASTIC_TRAINER_DISABLE_PLUGIN_AUTOLOAD"] = "1"
 # each pytest worker would rewrite the test modules' assertions again.
 os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
 sys.dont_write_bytecode = False
-
-# Python's cyclic collector walks the whole heap of a pytest worker (JAX, Orbax, every test's traces) in each full
-# collection, 0.3 CPU-s each, and by its default thresholds it ran one about every 3 s of a worker's tests. Here a
-# full collection waits for 100 collections of the middle generation instead of 10. Tests that count what is left
-# alive (executables, arrays, reference cycles) collect first themselves.
-gc.set_threshold(700, 10, 100)
 
 # JAX's persistent compilation cache for the whole session, this process and every process a test starts
 # (JAX reads these variables when it starts): the tests compile the same few steps of a tiny model over and
