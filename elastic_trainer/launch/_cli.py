@@ -397,11 +397,12 @@ def main() -> None:
         return
     register_configs()
     warnings.formatwarning = _warning_line
-    try:
-        check_group_choices(sys.argv[1:])
-        check_values(sys.argv[1:])
-    except ConfigError as error:
-        _fail(str(error))
+    if not is_worker():  # a worker's overrides are those its supervisor or launcher checked, with its own added
+        try:
+            check_group_choices(sys.argv[1:])
+            check_values(sys.argv[1:])
+        except ConfigError as error:
+            _fail(str(error))
     try:
         _app()
     except KeyboardInterrupt:  # Ctrl-C before training started (once it has, the trainer stops at a step)
