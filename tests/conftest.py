@@ -26,6 +26,12 @@ IS_CONTROLLER = SESSION_CACHE_ENV not in os.environ
 if IS_CONTROLLER:
     os.environ[SESSION_CACHE_ENV] = tempfile.mkdtemp(prefix="elastic_trainer_tests_jax_cache_")
 COMPILATION_CACHE = os.environ[SESSION_CACHE_ENV]
+# Runs that tests of both pytest-xdist workers compare with (tests/test_fault_matrix.py, reference_checkpoints) are
+# made once, by whichever worker needs one first, in a directory of the session that both see.
+SESSION_SHARED_ENV = "ELASTIC_TRAINER_TESTS_SHARED"
+if IS_CONTROLLER:
+    os.environ[SESSION_SHARED_ENV] = tempfile.mkdtemp(prefix="elastic_trainer_tests_shared_")
+SESSION_SHARED = os.environ[SESSION_SHARED_ENV]
 os.environ["JAX_COMPILATION_CACHE_DIR"] = COMPILATION_CACHE
 os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
 
@@ -103,9 +109,10 @@ def tiny_trainer_kwargs():
 
 
 def pytest_sessionfinish(session, exitstatus):
-    """Remove the session's compilation cache, once every worker is done with it."""
+    """Remove the session's compilation cache and shared runs, once every worker is done with them."""
     if IS_CONTROLLER:
         shutil.rmtree(COMPILATION_CACHE, ignore_errors=True)
+        shutil.rmtree(SESSION_SHARED, ignore_errors=True)
 
 
 COSTLIEST_FIRST = (

@@ -36,6 +36,7 @@ checks that the committed table is the one the run generates.
 from __future__ import annotations
 
 import dataclasses
+import fcntl
 import functools
 import json
 import os
@@ -50,6 +51,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 import psutil
 import pytest
+from conftest import SESSION_SHARED
 from test_cli import run_cli
 from test_cli_recovery import report_of
 from test_config import compose_config
@@ -141,19 +143,18 @@ def saved_steps(directory: Path) -> list[int]:
 
 
 def saved_states(directory: Path, select: Callable[[dict], dict] = trained) -> dict[int, dict[str, np.ndarray]]:
-    """The state of every checkpoint in ``directory``, by step, read with plain Orbax onto one device of this
-    process (whatever devices and processes saved it): its arrays that ``select`` keeps (by default those
-    training changes). The checkpoints of a run hold one tree: its shapes are read from the first checkpoint only
-    (a third of the time of reading one), and Orbax refuses a later one that does not match them."""
-    one_device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+    """The state of every checkpoint in ``directory``, by step, read with plain Orbax as numpy arrays (whatever
+    devices and processes saved it: no device placement, in half the time of restoring onto a device): its arrays
+    that ``select`` keeps (by default those training changes). The checkpoints of a run hold one tree: its
+    structure is read from the first checkpoint's metadata only (a third of the time of reading one); each array
+    comes back in the shape and dtype it was saved with, which the callers compare with the expected ones."""
     states, args = {}, None
     with ocp.CheckpointManager(directory, item_handlers={"state": ocp.PyTreeCheckpointHandler()}) as manager:
         for step in saved_steps(directory):
             if args is None:
                 stored = manager.item_metadata(step)["state"]
-                like = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=one_device), stored)
-                args = ocp.args.Composite(state=ocp.args.PyTreeRestore(
-                    like, restore_args=ocp.checkpoint_utils.construct_restore_args(like)))
+                as_numpy = jax.tree.map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray), stored)
+                args = ocp.args.Composite(state=ocp.args.PyTreeRestore(stored, restore_args=as_numpy))
             states[step] = select(named_arrays(manager.restore(step, args=args).state))
     return states
 
@@ -484,23 +485,27 @@ kills the lost ones, process 0 among them (the launcher hosts JAX's coordination
 interrupted by another (a kill while recovering) is recorded as restored from ``none``, and the next one
 from the first failure's state on, its slices those of both."""
 
-_cli_references: dict[int, Path] = {}
 
-
-def reference_checkpoints(cluster: list[str], tmp_path_factory) -> Path:
+def reference_checkpoints(cluster: list[str]) -> Path:
     """The checkpoints of the same run without failures, of every step (a re-formed group's survivors save the
     step they were at), trained in this process on a simulated cluster of as many slices and devices as
-    ``cluster``'s overrides give (once per cluster); its compiles go into the session's compilation cache."""
+    ``cluster``'s overrides give; its compiles go into the session's compilation cache. Made once per cluster
+    and session, by whichever pytest-xdist worker asks first (the other waits for it at a file lock), in the
+    session's shared directory (``tests/conftest.py``)."""
     slices = next((int(o.split("=")[1]) for o in cluster if o.startswith("cluster.num_processes=")), 4)
-    if slices not in _cli_references:
-        jax.devices()  # JAX starts with the session's 8 devices, not the first simulated cluster's: all fit
-        directory = tmp_path_factory.mktemp(f"failure_free_{slices}_slices") / "checkpoints"
-        trainer = build_trainer(compose_config(*CLI_TINY, f"cluster.slices={slices}", f"checkpoint.dir={directory}",
-                                               "checkpoint.period=1", f"checkpoint.max_to_keep={CLI_STEPS}"))
-        trainer.fit()
-        trainer.checkpointer.close()
-        _cli_references[slices] = directory
-    return _cli_references[slices]
+    run = Path(SESSION_SHARED) / f"failure_free_{slices}_slices"
+    with open(f"{run}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (run / "complete").exists():  # a worker that failed while making it left it incomplete
+            shutil.rmtree(run, ignore_errors=True)
+            jax.devices()  # JAX starts with the session's 8 devices, not the first simulated cluster's: all fit
+            trainer = build_trainer(compose_config(
+                *CLI_TINY, f"cluster.slices={slices}", f"checkpoint.dir={run / 'checkpoints'}",
+                "checkpoint.period=1", f"checkpoint.max_to_keep={CLI_STEPS}"))
+            trainer.fit()
+            trainer.checkpointer.close()
+            (run / "complete").touch()
+    return run / "checkpoints"
 
 
 @functools.cache
@@ -511,9 +516,9 @@ def reference_states(directory: Path) -> dict[int, dict[str, np.ndarray]]:
 
 
 @pytest.fixture
-def cli_reference(cell, tmp_path_factory) -> Path:
+def cli_reference(cell) -> Path:
     """:func:`reference_checkpoints` for ``cell``'s cluster, made in the first such cell's setup."""
-    return reference_checkpoints(CLI_CELLS[cell][1], tmp_path_factory)
+    return reference_checkpoints(CLI_CELLS[cell][1])
 
 
 def processes_of(run_dir: Path) -> list[psutil.Process]:

@@ -65,7 +65,7 @@ def slices_lost(report: dict) -> list[dict]:
     return [failure for failure in report["failures"] if failure["slices"]]
 
 
-def test_scale_down_survives_a_stuck_process_and_a_kill_between_agreement_and_save(run_dir, tmp_path_factory):
+def test_scale_down_survives_a_stuck_process_and_a_kill_between_agreement_and_save(run_dir):
     """Process 2 stuck at step 4 (killed, lost); then process 1 killed at step 6 after the processes agreed on who
     lives and before the save (chaos's checkpoint_save phase): process 0 waits at Orbax's barrier of that save,
     which a dead process never fails, for cluster.barrier_timeout_s, not Orbax's 300 s; the save is discarded and
@@ -100,13 +100,13 @@ def test_scale_down_survives_a_stuck_process_and_a_kill_between_agreement_and_sa
     on_disk = saved_states(run_dir / "checkpoints")
     assert set(on_disk) == {3, 9, 12}
     # each holds the state of its step in a failure-free run (in this process, as many slices and devices)
-    expected = reference_states(reference_checkpoints(THREE, tmp_path_factory))
+    expected = reference_states(reference_checkpoints(THREE))
     for step in on_disk:
         assert_same_arrays(on_disk[step], expected[step], f"the checkpoint of step {step}")
 
 
 @pytest.mark.slow  # python -m pytest -m slow
-def test_scale_down_drops_a_slow_process_found_a_straggler_and_goes_on_without_it(run_dir, tmp_path_factory):
+def test_scale_down_drops_a_slow_process_found_a_straggler_and_goes_on_without_it(run_dir):
     """Process 1 of 2 slowed 3 times from step 2 (it really takes that long, after its part of each step): found a
     straggler from the times the processes exchange, within trainer.straggler_steps steps; scale_down drops it at
     that step boundary once the save under way has committed, its process leaves the job, and process 0 goes on
@@ -132,7 +132,7 @@ def test_scale_down_drops_a_slow_process_found_a_straggler_and_goes_on_without_i
     events = [json.loads(line)["event"] for line in (run_dir / "events.jsonl").read_text().splitlines()]
     assert events.index("straggler") < events.index("resize")
     on_disk = saved_states(run_dir / "checkpoints")
-    expected = reference_states(reference_checkpoints(processes(2), tmp_path_factory))
+    expected = reference_states(reference_checkpoints(processes(2)))
     assert set(on_disk) == {3, 6, 9, 12}  # step 3's by both processes, the later ones by process 0 alone
     for step in on_disk:
         assert_same_arrays(on_disk[step], expected[step], f"the checkpoint of step {step}")
@@ -194,7 +194,7 @@ def run_like_srun(job_dir, overrides: list[str], tasks: int = 4) -> tuple[list[i
     return [task.returncode for task in started], errors
 
 
-def test_a_job_started_the_way_srun_starts_it_loses_task_0_and_its_slice_goes_down_whole(run_dir, tmp_path_factory):
+def test_a_job_started_the_way_srun_starts_it_loses_task_0_and_its_slice_goes_down_whole(run_dir):
     """cluster.launcher=none under a simulated Slurm allocation, as README's sbatch script runs it: the
     coordinator (python -m elastic_trainer.coordinator) as a task of its own, then 4 tasks started as srun starts
     them (the SLURM_* variables JAX's cluster detection reads, every task on node 127.0.0.1,
@@ -221,7 +221,7 @@ def test_a_job_started_the_way_srun_starts_it_loses_task_0_and_its_slice_goes_do
     assert report["samples"] == {"consumed": 12 * 48, "duplicated": 0, "skipped": 0}
     on_disk = saved_states(checkpoints)  # step 9's save was under way when task 0 died: on disk if it completed
     assert {3, 6, 12} <= set(on_disk) <= {3, 6, 9, 12}
-    expected = reference_states(reference_checkpoints(processes(2), tmp_path_factory))  # 2 slices of 2 devices
+    expected = reference_states(reference_checkpoints(processes(2)))  # 2 slices of 2 devices
     for step in on_disk:
         assert_same_arrays(on_disk[step], expected[step], f"the checkpoint of step {step}")
 
@@ -230,8 +230,7 @@ def events_of(run_dir) -> list[dict]:
     return [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines()]
 
 
-def test_pause_resume_waits_for_the_replacement_of_a_killed_process_which_gets_its_state_from_a_peer(
-        run_dir, tmp_path_factory):
+def test_pause_resume_waits_for_the_replacement_of_a_killed_process_which_gets_its_state_from_a_peer(run_dir):
     """Process 1 of 2 killed during step 6 and back 1 s later (chaos's down_for_s: the launcher starts a
     replacement with the same process id once the survivor has found the death): pause_resume waits for it
     instead of re-forming the job. The survivor and the replacement start a new backend together, the
@@ -259,7 +258,7 @@ def test_pause_resume_waits_for_the_replacement_of_a_killed_process_which_gets_i
     assert replacement["resumed_from"] is None and replacement["samples"]["consumed"] == (12 - 5) * 48
     on_disk = saved_states(run_dir / "checkpoints")
     assert set(on_disk) == {3, 6, 9, 12}  # 6, 9 and 12 saved by both processes again
-    expected = reference_states(reference_checkpoints(processes(2), tmp_path_factory))
+    expected = reference_states(reference_checkpoints(processes(2)))
     for step in on_disk:
         assert_same_arrays(on_disk[step], expected[step], f"the checkpoint of step {step}")
 
@@ -362,7 +361,7 @@ def test_eight_processes_lose_one_go_on_with_seven_and_take_its_replacement_back
 
 
 @pytest.mark.slow  # python -m pytest -m slow
-def test_a_slice_of_two_processes_comes_back_whole_under_pause_resume(run_dir, tmp_path_factory):
+def test_a_slice_of_two_processes_comes_back_whole_under_pause_resume(run_dir):
     """2 slices of 2 processes (1 device each): process 2 killed during step 6 and back after 1 s; its partner,
     process 3, leaves with it and comes back with it. pause_resume takes both replacements in, their state from
     slice 0, and every checkpoint holds the failure-free state of its step."""
@@ -387,7 +386,7 @@ def test_a_slice_of_two_processes_comes_back_whole_under_pause_resume(run_dir, t
     assert report["samples"] == {"consumed": 12 * 48, "duplicated": 0, "skipped": 0}
     on_disk = saved_states(run_dir / "checkpoints")
     assert set(on_disk) == {3, 6, 9, 12}
-    expected = reference_states(reference_checkpoints(processes(2), tmp_path_factory))  # 2 slices of 2 devices
+    expected = reference_states(reference_checkpoints(processes(2)))  # 2 slices of 2 devices
     for step in on_disk:
         assert_same_arrays(on_disk[step], expected[step], f"the checkpoint of step {step}")
 
