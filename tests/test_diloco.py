@@ -166,7 +166,7 @@ class StopAfter:
 
 @pytest.mark.parametrize("source", ["snapshot", "checkpoint"])
 def test_every_slice_lost_restores_onto_the_slices_back_as_a_resume_onto_those_slices_does(
-        tiny_trainer_kwargs, tmp_path, source):
+        tiny_trainer_kwargs, tmp_path, tmp_path_factory, source):
     """Every slice lost as step 6 starts; slices 0 and 1 come back, 2 and 3 do not. The state of step 3 (a host
     snapshot, or a checkpoint: four replicas, mid-phase) is restored onto slices 0 and 1: their own replicas, and
     slices 2 and 3's samples of steps 0 to 2 (their replicas' progress since the last outer step, which no state
@@ -184,16 +184,27 @@ def test_every_slice_lost_restores_onto_the_slices_back_as_a_resume_onto_those_s
     assert report["samples"] == {"consumed": stream - 24, "duplicated": 0, "skipped": 24}
     assert trainer.slices == (0, 1)
 
-    with pytest.raises(et.Preempted):
-        diloco_run(tiny_trainer_kwargs, StopAfter(3), inner_steps=4, steps=8,
-                   checkpointer=et.Checkpointer(tmp_path / "stopped", period=100))
-    two_slices = {"cluster": et.SimulatedCluster(slices=2, devices_per_slice=2), "global_batch_size": 8}
-    resumed, _, resumed_report = diloco_run(tiny_trainer_kwargs, inner_steps=4, steps=8, resume=True,
-                                            checkpointer=et.Checkpointer(tmp_path / "stopped", period=100),
-                                            **two_slices)
-    assert resumed_report["samples"] == {"consumed": 5 * 8, "duplicated": 0, "skipped": 0}
-    for name, array in named_arrays(resumed.mode_state).items():
+    for name, array in resumed_onto_two_slices(tiny_trainer_kwargs, tmp_path_factory).items():
         np.testing.assert_array_equal(named_arrays(trainer.mode_state)[name], array, err_msg=name)
+
+
+_resumed: dict[str, dict[str, np.ndarray]] = {}
+
+
+def resumed_onto_two_slices(tiny_trainer_kwargs, tmp_path_factory) -> dict[str, np.ndarray]:
+    """The mode state's arrays of a run stopped after step 3 and resumed from its checkpoint on slices 0 and 1
+    (the same devices, the same share of each batch) to step 8: made once, both sources compare with it."""
+    if "run" not in _resumed:
+        checkpoints = tmp_path_factory.mktemp("stopped")
+        with pytest.raises(et.Preempted):
+            diloco_run(tiny_trainer_kwargs, StopAfter(3), inner_steps=4, steps=8,
+                       checkpointer=et.Checkpointer(checkpoints, period=100))
+        two_slices = {"cluster": et.SimulatedCluster(slices=2, devices_per_slice=2), "global_batch_size": 8}
+        resumed, _, report = diloco_run(tiny_trainer_kwargs, inner_steps=4, steps=8, resume=True,
+                                        checkpointer=et.Checkpointer(checkpoints, period=100), **two_slices)
+        assert report["samples"] == {"consumed": 5 * 8, "duplicated": 0, "skipped": 0}
+        _resumed["run"] = named_arrays(resumed.mode_state)
+    return _resumed["run"]
 
 
 @pytest.mark.parametrize(("strategy", "message"), [

@@ -529,15 +529,19 @@ def processes_of(run_dir: Path) -> list[psutil.Process]:
 SLOW_CELLS = {("scale_down", "checkpoint_restore", "multiprocess"), ("scale_down", "recovery", "multiprocess"),
               ("pause_resume", "train_step", "multiprocess"), ("scale_down", "update", "multiprocess"),
               ("hot_swap", "train_step", "multiprocess"), ("hot_swap", "two_slices", "multiprocess"),
-              ("full_restart", "train_step", "CLI")}
-"""Left out of the default suite (``-m slow`` runs them): about 290 s of it, on 2 cores. The pause_resume cell
+              ("full_restart", "train_step", "CLI"), ("scale_down", "two_slices", "multiprocess")}
+"""Left out of the default suite (``-m slow`` runs them): about 5 min of it, on 2 cores. The pause_resume cell
 re-forms the job (its lost process never comes back); tests/test_multiprocess.py has pause_resume taking a
 returning process back in, in the default suite. The update phase is in the default suite in-process, for
 every strategy. A swap on cluster=multiprocess takes a spare in as pause_resume's test takes a replacement in.
 The full_restart CLI cell (18 CPU-s): in the default suite, tests/test_benchmark.py's sweep has the real
 supervisor restart a worker after a lost slice (the new worker restores the checkpoint before the failure, every
 sample once, the final loss that of the strategies that lose no step), and the in-process full_restart cells
-check every invariant of that restart with the supervisor's own code for merging workers' reports."""
+check every invariant of that restart with the supervisor's own code for merging workers' reports. The
+scale_down cell that loses two processes of three at once (23 CPU-s): in the default suite,
+tests/test_multiprocess.py's job started as srun starts it loses process 0 and, with it, the other process of
+its slice, and the two others go on from a replica with every sample once and every checkpoint the failure-free
+run's; the in-process two_slices cells check every invariant of losing two slices at once, for every strategy."""
 CLI_STRATEGIES = {"hot_swap": "swap_then_scale_down"}
 """The strategy a command-line cell selects, where it is not the row's name: the chain its in-process row runs."""
 
