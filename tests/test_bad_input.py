@@ -26,7 +26,7 @@ import pytest
 from hydra.core.config_store import ConfigStore
 from omegaconf import OmegaConf
 from test_cli import run_cli
-from test_config import compose_config
+from test_config import compose_config, train_in_process
 
 import elastic_trainer as et
 from elastic_trainer.launch._cli import EXIT_BAD_INPUT, check_group_choices, check_values
@@ -340,9 +340,7 @@ def checksums(path: Path) -> dict[str, str]:
 def existing_run(tmp_path_factory) -> Path:
     """The checkpoints (steps 4, 8 and 12) of a finished run of the TINY configuration."""
     directory = tmp_path_factory.mktemp("existing") / "checkpoints"
-    trainer = build_trainer(compose_config(*TINY, "checkpoint.period=4", f"checkpoint.dir={directory}"))
-    trainer.fit()
-    trainer.checkpointer.close()
+    train_in_process(*TINY, "checkpoint.period=4", f"checkpoint.dir={directory}")
     assert sorted(p.name for p in directory.iterdir() if p.name.isdigit()) == ["12", "4", "8"]
     return directory
 

@@ -4,10 +4,9 @@ that the run cannot reach. Through the real command line (exit status 2, nothing
 import pytest
 from test_bad_input import TINY, assert_fails_with, one_sentence
 from test_cli import run_cli
-from test_config import compose_config
+from test_config import train_in_process
 
 import elastic_trainer as et
-from elastic_trainer.config._build import build_trainer
 from elastic_trainer.config._schemas import register_configs
 from elastic_trainer.launch._cli import check_values
 
@@ -80,9 +79,5 @@ def test_a_key_that_does_not_exist_gets_the_closest_one_suggested(case, message)
      1),  # the last save
 ], ids=["batch above min_slice_count", "keep_per_device", "last train step", "last save"])
 def test_what_the_run_can_reach_is_accepted(tmp_path, case, failures):
-    trainer = build_trainer(compose_config(*TINY, *case, f"checkpoint.dir={tmp_path}"))
-    try:
-        report = trainer.fit().report
-    finally:
-        trainer.checkpointer.close()
+    report = train_in_process(*TINY, *case, f"checkpoint.dir={tmp_path}")
     assert report["steps_completed"] == 12 and len(report["failures"]) == failures

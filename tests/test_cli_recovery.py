@@ -12,9 +12,8 @@ import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 from test_cli import run_cli
-from test_config import compose_config
+from test_config import train_in_process
 
-from elastic_trainer.config._build import build_trainer
 
 TINY = ["model.d_model=32", "model.num_heads=2", "model.num_layers=1", "data.max_bytes=200000", "trainer.steps=20"]
 
@@ -32,9 +31,7 @@ def failure_free_dir(tmp_path_factory):
     """The run directory of :data:`TINY` without failures, trained in this process (the config the command line
     composes, on the same simulated cluster of 8 devices)."""
     run_dir = tmp_path_factory.mktemp("failure_free")
-    trainer = build_trainer(compose_config(*TINY, f"checkpoint.dir={run_dir / 'checkpoints'}"))
-    trainer.fit()
-    trainer.checkpointer.close()
+    train_in_process(*TINY, f"checkpoint.dir={run_dir / 'checkpoints'}")
     return run_dir
 
 

@@ -20,6 +20,16 @@ def compose_config(*overrides):
         return compose("config", overrides=list(overrides))
 
 
+def train_in_process(*overrides) -> dict:
+    """The report of a run of the config ``overrides`` compose, trained in this process (on the session's 8
+    devices), its checkpointer closed after."""
+    trainer = build_trainer(compose_config(*overrides))
+    try:
+        return trainer.fit().report
+    finally:
+        trainer.checkpointer.close()
+
+
 @pytest.mark.parametrize(
     "override",
     [

@@ -14,10 +14,9 @@ import time
 
 from test_cli import run_cli
 from test_cli_recovery import report_of
-from test_config import compose_config
+from test_config import train_in_process
 from test_fault_matrix import assert_same_arrays, saved_states, saved_steps
 
-from elastic_trainer.config._build import build_trainer
 
 STEPS, PERIOD, BATCH = 30, 3, 48
 RUN = ["model.d_model=32", "model.num_heads=2", "model.num_layers=1", "data.max_bytes=200000",
@@ -61,9 +60,7 @@ def test_random_sigkills_then_a_resume_end_where_a_failure_free_run_ends(tmp_pat
     assert report["samples"] == {"consumed": (STEPS - resumed_from) * BATCH, "duplicated": 0, "skipped": 0}
 
     reference = tmp_path_factory.mktemp("failure_free") / "checkpoints"
-    trainer = build_trainer(compose_config(*RUN, f"checkpoint.dir={reference}"))
-    trainer.fit()
-    trainer.checkpointer.close()
+    train_in_process(*RUN, f"checkpoint.dir={reference}")
     expected, on_disk = saved_states(reference), saved_states(checkpoints)
     assert STEPS in on_disk
     for step in on_disk:  # every committed checkpoint, from any attempt, holds its step of the failure-free run

@@ -54,11 +54,10 @@ import pytest
 from conftest import SESSION_SHARED
 from test_cli import run_cli
 from test_cli_recovery import report_of
-from test_config import compose_config
+from test_config import train_in_process
 
 import elastic_trainer as et
 from elastic_trainer.launch._cli import EXIT_TRAINING_STOPPED
-from elastic_trainer.config._build import build_trainer
 from elastic_trainer._report import merge_worker_reports
 from elastic_trainer.launch._supervisor import RESTART_EXIT_CODE
 from elastic_trainer_plugins.chaos import Chaos
@@ -499,11 +498,8 @@ def reference_checkpoints(cluster: list[str]) -> Path:
         if not (run / "complete").exists():  # a worker that failed while making it left it incomplete
             shutil.rmtree(run, ignore_errors=True)
             jax.devices()  # JAX starts with the session's 8 devices, not the first simulated cluster's: all fit
-            trainer = build_trainer(compose_config(
-                *CLI_TINY, f"cluster.slices={slices}", f"checkpoint.dir={run / 'checkpoints'}",
-                "checkpoint.period=1", f"checkpoint.max_to_keep={CLI_STEPS}"))
-            trainer.fit()
-            trainer.checkpointer.close()
+            train_in_process(*CLI_TINY, f"cluster.slices={slices}", f"checkpoint.dir={run / 'checkpoints'}",
+                             "checkpoint.period=1", f"checkpoint.max_to_keep={CLI_STEPS}")
             (run / "complete").touch()
     return run / "checkpoints"
 

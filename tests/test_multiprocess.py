@@ -15,11 +15,10 @@ import time
 
 import pytest
 from test_cli import run_cli
-from test_config import compose_config
+from test_config import train_in_process
 from test_fault_matrix import (CLI_TINY, GLOO_ABORT, assert_same_arrays, processes, processes_of,
                                reference_checkpoints, reference_states, saved_states)
 
-from elastic_trainer.config._build import build_trainer
 from elastic_trainer.launch._launcher import free_port
 
 TINY = ["model.d_model=32", "model.num_heads=2", "model.num_layers=1", "data.max_bytes=200000"]
@@ -284,11 +283,9 @@ def assert_ends_as_failure_free(run_dir, overrides: list[str], tmp_path_factory)
     """The run's one checkpoint, its last step's, holds the state a failure-free run of ``overrides`` on a
     simulated cluster ends with (trained in this process)."""
     directory = tmp_path_factory.mktemp("failure_free") / "checkpoints"
-    trainer = build_trainer(compose_config(*overrides, f"checkpoint.dir={directory}"))
-    trainer.fit()
-    trainer.checkpointer.close()
+    report = train_in_process(*overrides, f"checkpoint.dir={directory}")
     (final,) = saved_states(run_dir / "checkpoints").values()
-    assert_same_arrays(final, saved_states(directory)[trainer.steps], "the final state")
+    assert_same_arrays(final, saved_states(directory)[report["steps_completed"]], "the final state")
 
 
 REJOIN_STEPS = 300

@@ -16,11 +16,10 @@ import pytest
 from test_bad_input import one_sentence
 from test_cli import run_cli
 from test_cli_recovery import TINY
-from test_config import compose_config
+from test_config import train_in_process
 
 import elastic_trainer as et
 from elastic_trainer._preemption import exit_status, parse_signal, stop_signals
-from elastic_trainer.config._build import build_trainer
 from elastic_trainer.launch._launcher import _job_status as launcher_status
 from elastic_trainer.launch._supervisor import restart_until_done
 
@@ -83,20 +82,11 @@ def test_sigterm_saves_the_last_step_and_a_resume_ends_as_a_run_without_it(tmp_p
     end = step + 3  # the resume trains 3 more steps, the reference run all of them (in-process, cheaper)
     steps = [o if not o.startswith("trainer.steps=") else f"trainer.steps={end}" for o in LONG]
     after, expected = (
-        fit(compose_config(*steps, f"checkpoint.dir={directory}", *resume))
+        train_in_process(*steps, f"checkpoint.dir={directory}", *resume)
         for directory, resume in [(checkpoints, ["checkpoint.resume=true"]), (tmp_path / "reference", [])])
     assert (after["resumed_from"], after["steps_completed"]) == (step, end)  # 0 steps lost
     assert after["final_loss"] == pytest.approx(expected["final_loss"], rel=1e-6)
     assert expected["samples"] == {"consumed": end * 48, "duplicated": 0, "skipped": 0}
-
-
-def fit(cfg):
-    """The report of a run of ``cfg`` in this process."""
-    trainer = build_trainer(cfg)
-    try:
-        return trainer.fit().report
-    finally:
-        trainer.checkpointer.close()
 
 
 def test_ctrl_c_saves_the_last_step_with_no_traceback(tmp_path):
