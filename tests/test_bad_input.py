@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 from hydra.core.config_store import ConfigStore
 from omegaconf import OmegaConf
-from test_cli import run_cli
+from test_cli import TINY_MODEL, run_cli
 from test_config import compose_config, train_in_process
 
 import elastic_trainer as et
@@ -33,7 +33,7 @@ from elastic_trainer.launch._cli import EXIT_BAD_INPUT, check_group_choices, che
 from elastic_trainer.config._build import build_trainer
 from elastic_trainer.config._schemas import register_configs
 
-TINY = ["model.d_model=32", "model.num_heads=2", "model.num_layers=1", "data.max_bytes=200000", "trainer.steps=12"]
+TINY = [*TINY_MODEL, "trainer.steps=12"]
 
 
 def overrides(*case: str, base=TINY) -> list[str]:
@@ -132,13 +132,13 @@ BAD_VALUES = [
     ("model/transformer.vocab_size", ["model.vocab_size=100"],
      "model.vocab_size (100) must be at least the data's 256 tokens;"),
     ("model/transformer.seq_len", ["model.seq_len=0"], "model.seq_len must be at least 1, got 0."),
-    ("model/transformer.seq_len", ["model.seq_len=32"], "model.seq_len (32) must be at least data.seq_len (64);"),
+    ("model/transformer.seq_len", ["model.seq_len=4"], "model.seq_len (4) must be at least data.seq_len (8);"),
     ("model/transformer.d_model", ["model.d_model=0"], "model.d_model must be at least 1, got 0."),
     ("model/transformer.num_heads", ["model.num_heads=3"], "model.num_heads (3) must divide model.d_model (32)."),
     ("model/transformer.num_layers", ["model.num_layers=0"], "model.num_layers must be at least 1, got 0."),
     ("model/transformer.mlp_ratio", ["model.mlp_ratio=0"], "model.mlp_ratio must be at least 1, got 0."),
     ("data/stdlib_text.seq_len", ["data.seq_len=0"], "data.seq_len must be at least 1, got 0."),
-    ("data/stdlib_text.max_bytes", ["data.max_bytes=10"], "data.max_bytes must be at least 65, got 10."),
+    ("data/stdlib_text.max_bytes", ["data.max_bytes=5"], "data.max_bytes must be at least 9, got 5."),
     ("optimizer/adamw.b1", ["optimizer.b1=1.5"], "optimizer.b1 must be in [0, 1), got 1.5."),
     ("optimizer/adamw.b2", ["optimizer.b2=-0.1"], "optimizer.b2 must be in [0, 1), got -0.1."),
     ("optimizer/adamw.weight_decay", ["optimizer.weight_decay=-1"], "optimizer.weight_decay must be at least 0, got -1.0."),
@@ -514,7 +514,7 @@ def test_corrupt_metadata_in_the_newest_checkpoint_only_resumes_from_the_one_bef
 
 @pytest.mark.parametrize(("case", "message"), [
     (["seed=1"], "was trained with seed=0 and this run has seed=1, which changes the order of the samples;"),
-    (["data.max_bytes=100000"], "was trained with num_samples=3076 and this run has num_samples=1538,"),
+    (["data.max_bytes=100000"], "was trained with num_samples=22222 and this run has num_samples=11111,"),
     (["~optimizer", "+optimizer._target_=optax.sgd", "+optimizer.learning_rate=0.1"],
      "holds another model's state (opt_state."),
 ])

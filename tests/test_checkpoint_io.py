@@ -9,12 +9,11 @@ import time
 
 import orbax.checkpoint as ocp
 import pytest
+from test_cli import TINY_MODEL
 
 import elastic_trainer as et
 from elastic_trainer._private_apis import end_background_writes
 from elastic_trainer.checkpoints import _failed_writes
-
-TINY_CLI = ["model.d_model=32", "model.num_heads=2", "model.num_layers=1", "data.max_bytes=200000"]
 
 
 @pytest.fixture
@@ -156,7 +155,7 @@ def test_the_command_line_stops_with_one_sentence_and_no_traceback_when_the_disk
     disk = mount_tmpfs(tmp_path / "disk", "700k")  # room for one checkpoint of this model (about 450 kB), not two
     try:
         result = subprocess.run(
-            [sys.executable, "-m", "elastic_trainer", *TINY_CLI, "trainer.steps=12", "checkpoint.period=2",
+            [sys.executable, "-m", "elastic_trainer", *TINY_MODEL, "trainer.steps=12", "checkpoint.period=2",
              "checkpoint.max_failed_saves=2", f"checkpoint.dir={disk}", f"hydra.run.dir={tmp_path / 'run'}"],
             capture_output=True, text=True, timeout=300,
             env={**os.environ, "ELASTIC_TRAINER_DISABLE_PLUGIN_AUTOLOAD": "1"},

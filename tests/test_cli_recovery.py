@@ -11,11 +11,11 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 import pytest
-from test_cli import run_cli
+from test_cli import TINY_MODEL, run_cli
 from test_config import train_in_process
 
 
-TINY = ["model.d_model=32", "model.num_heads=2", "model.num_layers=1", "data.max_bytes=200000", "trainer.steps=20"]
+TINY = [*TINY_MODEL, "trainer.steps=20"]
 
 
 def failure_at(step, slice_, down_for_s=1e9):

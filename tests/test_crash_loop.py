@@ -12,15 +12,14 @@ import subprocess
 import sys
 import time
 
-from test_cli import run_cli
+from test_cli import TINY_MODEL, run_cli
 from test_cli_recovery import report_of
 from test_config import train_in_process
 from test_fault_matrix import assert_same_arrays, saved_states, saved_steps
 
 
 STEPS, PERIOD, BATCH = 30, 3, 48
-RUN = ["model.d_model=32", "model.num_heads=2", "model.num_layers=1", "data.max_bytes=200000",
-       f"trainer.steps={STEPS}", f"checkpoint.period={PERIOD}", "checkpoint.max_to_keep=20"]
+RUN = [*TINY_MODEL, f"trainer.steps={STEPS}", f"checkpoint.period={PERIOD}", "checkpoint.max_to_keep=20"]
 KILLS = 3
 
 

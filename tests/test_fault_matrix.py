@@ -52,7 +52,7 @@ import orbax.checkpoint as ocp
 import psutil
 import pytest
 from conftest import SESSION_SHARED
-from test_cli import run_cli
+from test_cli import TINY_MODEL, run_cli
 from test_cli_recovery import report_of
 from test_config import train_in_process
 
@@ -394,8 +394,7 @@ def test_cell(tiny_trainer_kwargs, failure_free, tmp_path, strategy, phase):
 # ------------------------------------------------------------------ cells through the command line
 
 CLI_STEPS, CLI_PERIOD, CLI_BATCH = 12, 3, 48
-CLI_TINY = ["model.d_model=32", "model.num_heads=2", "model.num_layers=1", "data.max_bytes=200000",
-            f"trainer.steps={CLI_STEPS}", f"checkpoint.period={CLI_PERIOD}", "checkpoint.max_to_keep=10"]
+CLI_TINY = [*TINY_MODEL, f"trainer.steps={CLI_STEPS}", f"checkpoint.period={CLI_PERIOD}", "checkpoint.max_to_keep=10"]
 
 
 def processes(n: int) -> list[str]:

@@ -14,14 +14,13 @@ import sys
 import time
 
 import pytest
-from test_cli import run_cli
+from test_cli import TINY_MODEL, run_cli
 from test_config import train_in_process
 from test_fault_matrix import (CLI_TINY, GLOO_ABORT, assert_same_arrays, processes, processes_of,
                                reference_checkpoints, reference_states, saved_states)
 
 from elastic_trainer.launch._launcher import free_port
 
-TINY = ["model.d_model=32", "model.num_heads=2", "model.num_layers=1", "data.max_bytes=200000"]
 THREE = processes(3)
 HANG_GUARD_S = 300
 """How long a test waits for processes to start or end before it calls that a hang: long enough for a machine
@@ -141,7 +140,7 @@ def test_scale_down_drops_a_slow_process_found_a_straggler_and_goes_on_without_i
 def test_a_launcher_ended_by_a_signal_takes_every_worker_with_it(run_dir, signum):
     """1 process and a spare: a SIGTERM stops the job (143, not the 0 of the spare that was not needed), a SIGKILL
     takes every process with the launcher."""
-    command = [sys.executable, "-m", "elastic_trainer", *TINY, "cluster=multiprocess", "cluster.num_processes=1",
+    command = [sys.executable, "-m", "elastic_trainer", *TINY_MODEL, "cluster=multiprocess", "cluster.num_processes=1",
                "cluster.spare_slices=1", "+strategy=hot_swap", "trainer.steps=1000", f"hydra.run.dir={run_dir}"]
     env = {**os.environ, "ELASTIC_TRAINER_DISABLE_PLUGIN_AUTOLOAD": "1"}
     with subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) as launcher:
@@ -160,7 +159,7 @@ def test_a_launcher_ended_by_a_signal_takes_every_worker_with_it(run_dir, signum
 
 
 def test_sigterm_to_the_full_restart_supervisor_kills_its_worker(run_dir):
-    command = [sys.executable, "-m", "elastic_trainer", *TINY, "trainer.steps=1000", "+strategy=full_restart",
+    command = [sys.executable, "-m", "elastic_trainer", *TINY_MODEL, "trainer.steps=1000", "+strategy=full_restart",
                f"hydra.run.dir={run_dir}"]
     env = {**os.environ, "ELASTIC_TRAINER_DISABLE_PLUGIN_AUTOLOAD": "1"}
     with subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) as supervisor:
@@ -418,7 +417,7 @@ DILOCO_STEPS, INNER_STEPS = 300, 10
 
 def diloco_run(run_dir, steps: int, *overrides: str) -> dict:
     """3 processes under diloco (H=10) for ``steps`` steps with ``overrides``: the report of a run that finished."""
-    result = run_job(run_dir, *TINY, f"trainer.steps={steps}", f"checkpoint.period={steps}", *THREE, "+strategy=diloco",
+    result = run_job(run_dir, *TINY_MODEL, f"trainer.steps={steps}", f"checkpoint.period={steps}", *THREE, "+strategy=diloco",
                      f"strategy.inner_steps={INNER_STEPS}", *overrides)
     assert result.returncode == 0, result.stderr
     report = report_of(run_dir)
@@ -494,7 +493,7 @@ def test_diloco_resumed_from_a_checkpoint_taken_mid_inner_phase_ends_as_the_unin
     """2 slices of 2 processes under diloco (H=10), saved at steps 15, 30 and 40: a job started again from step 15
     alone (mid-inner-phase: every replica's own progress since step 10 is in it) saves steps 30 and 40 equal to
     the uninterrupted run's, every replica's row and the outer state."""
-    job = [*TINY, "trainer.steps=40", "checkpoint.period=15", *processes(4), "cluster.processes_per_slice=2",
+    job = [*TINY_MODEL, "trainer.steps=40", "checkpoint.period=15", *processes(4), "cluster.processes_per_slice=2",
            "+strategy=diloco", f"strategy.inner_steps={INNER_STEPS}"]
     result = run_cli(*job, f"hydra.run.dir={run_dir / 'whole'}")
     assert result.returncode == 0, result.stderr
