@@ -417,8 +417,8 @@ DILOCO_STEPS, INNER_STEPS = 300, 10
 
 def diloco_run(run_dir, steps: int, *overrides: str) -> dict:
     """3 processes under diloco (H=10) for ``steps`` steps with ``overrides``: the report of a run that finished."""
-    result = run_job(run_dir, *TINY_MODEL, f"trainer.steps={steps}", f"checkpoint.period={steps}", *THREE, "+strategy=diloco",
-                     f"strategy.inner_steps={INNER_STEPS}", *overrides)
+    result = run_job(run_dir, *TINY_MODEL, f"trainer.steps={steps}", f"checkpoint.period={steps}", *THREE,
+                     "+strategy=diloco", f"strategy.inner_steps={INNER_STEPS}", *overrides)
     assert result.returncode == 0, result.stderr
     report = report_of(run_dir)
     assert report["steps_completed"] == steps
