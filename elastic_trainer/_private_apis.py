@@ -16,6 +16,7 @@ import dataclasses
 import importlib
 import inspect
 import re
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -140,10 +141,15 @@ ORBAX_WAIT_FOR_WRITES = PrivateApi(
     "orbax.checkpoint:CheckpointManager._wait_for_checkpointers",
     "ending a failed save's background writes before its temporary folder is removed", parameters=("self",),
 )
+ORBAX_SAVE_WRITES = PrivateApi(
+    "orbax.checkpoint._src.checkpointers.async_checkpointer:_AsyncManager.start_async_commit",
+    "ending every write of a failed save, which Orbax keeps as its async checkpointer's _async_manager._commit_futures",
+    parameters=("self", "directory", "commit_futures", "on_commit_callback"),
+)
 
 PRIVATE_APIS = (DISTRIBUTED_STATE, CLUSTER_DETECTION, COORDINATION_SERVICE, COORDINATION_CLIENT, BACKENDS_STARTED,
                 LIVE_DEVICES_CACHE, ORBAX_BARRIER_TIMEOUT, ORBAX_WRITE_SPEC, ORBAX_OCDBT_SUBDIR, ORBAX_NUMPY_SERIALIZE,
-                ORBAX_NUMPY_WRITE, ORBAX_NUMPY_METADATA_KEY, ORBAX_WAIT_FOR_WRITES)
+                ORBAX_NUMPY_WRITE, ORBAX_NUMPY_METADATA_KEY, ORBAX_WAIT_FOR_WRITES, ORBAX_SAVE_WRITES)
 """Every private API of this module, for :func:`check_all`."""
 
 
@@ -243,6 +249,37 @@ def end_background_writes(manager: ocp.CheckpointManager) -> None:
         ORBAX_WAIT_FOR_WRITES.resolve()(manager)
     except Exception:  # the failure of a save already known to have failed
         pass
+
+
+WRITES_END_TIMEOUT_S = 10
+"""How long, at most, a failed save's writes are waited for, all together."""
+
+
+def end_save_writes(manager: ocp.CheckpointManager) -> None:
+    """Wait until every write of ``manager``'s last save, a save that failed for I/O, has ended.
+
+    Orbax's background thread (:func:`end_background_writes`) waits for the
+    save's writes (its commit futures, a thread each) one after the other and
+    stops at the first that fails, leaving the others running: one could
+    re-create the failed save's folder once it was removed, or still hold a
+    file there once a stopped run had returned (a small disk's unmount then
+    failed, "target is busy"). Each is joined, for :data:`WRITES_END_TIMEOUT_S`
+    at most in all: a write still waiting then waits for a signal that a
+    failed write never sends, and gives up without writing. Their errors are
+    the same save's and are dropped.
+    """
+    deadline = time.monotonic() + WRITES_END_TIMEOUT_S
+    for write in save_writes(manager):
+        try:
+            write.result(timeout=max(deadline - time.monotonic(), 0.0))
+        except Exception:  # noqa: BLE001 - a failure of the same save, or a write that will not start
+            pass
+
+
+def save_writes(manager: ocp.CheckpointManager) -> Sequence[Any]:
+    """The writes (Orbax's commit futures) of ``manager``'s last asynchronous save; none for synchronous saves."""
+    async_manager = getattr(manager._checkpointer, "_async_manager", None)  # only an AsyncCheckpointer has one
+    return list(async_manager._commit_futures or ()) if async_manager is not None else []
 
 
 class PrimaryNumpyHandler(ocp.type_handlers.NumpyHandler):

@@ -1,5 +1,6 @@
 """A checkpoint directory on a real, small filesystem that fills up: failed saves are reported, not slice losses."""
 
+import asyncio
 import errno
 import os
 import subprocess
@@ -9,6 +10,7 @@ import time
 
 import orbax.checkpoint as ocp
 import pytest
+from orbax.checkpoint._src.serialization import jax_array_handlers
 from test_cli import TINY_MODEL
 
 import elastic_trainer as et
@@ -21,9 +23,7 @@ def small_disk(tmp_path):
     """A tmpfs of 3 MB mounted at ``tmp_path / "disk"`` (a real filesystem that runs out of space), unmounted after."""
     disk = tmp_path / "disk"
     yield mount_tmpfs(disk, "3m")
-    # lazily: a failed save's background write may still hold a file there once the run has stopped (Orbax does not
-    # wait for it; seen once in a clean clone: "target is busy"); the filesystem goes once that write has ended
-    subprocess.run(["umount", "--lazy", str(disk)], check=True)
+    subprocess.run(["umount", str(disk)], check=True)
 
 
 def mount_tmpfs(directory, size):
@@ -89,9 +89,7 @@ def test_saves_that_fail_for_a_full_disk_are_reported_and_training_goes_on(tiny_
     assert len(messages) == 2 and all("failed (ENOSPC: No space left on device); training goes on" in m
                                       for m in messages)
     assert "save of step 4" in messages[0] and "save of step 6" in messages[1]  # not the step in flight
-    # space returned at step 7; a failed save's write still under way may create its temporary folder anew after
-    # the run's last removal (see the next test), never one of a step that committed, and never restored from
-    assert set(on_disk(checkpoints)) - {"4.orbax-checkpoint-tmp", "6.orbax-checkpoint-tmp"} == {"2", "8", "10"}
+    assert on_disk(checkpoints) == ["10", "2", "8"]  # space returned at step 7; no failed save's folder is left
     assert et.Checkpointer(checkpoints).steps_newest_first() == [10, 8, 2]
     restored = et.Trainer(**tiny_trainer_kwargs(steps=10, checkpointer=et.Checkpointer(checkpoints), resume=True))
     assert restored.fit().report["resumed_from"] == 10
@@ -115,11 +113,50 @@ def test_max_failed_saves_in_a_row_stop_the_run_naming_the_step_and_cause(tiny_t
     # step 6's save fails at once (found then) or in the background (found when step 8 is due, which is not started)
     assert report["steps_completed"] in (6, 8)
     assert [f["step"] for f in report["checkpoint_failures"]] == [4, 6]
-    # Orbax does not wait for the writes of a failed save still under way, and one may create its temporary
-    # folder anew after the run's last removal (seen once in a full run of the suite); never one of a step that
-    # committed, and never restored from
-    assert set(on_disk(checkpoints)) - {"4.orbax-checkpoint-tmp", "6.orbax-checkpoint-tmp"} == {"2"}
+    assert on_disk(checkpoints) == ["2"]  # every write of the failed saves ended before their folders went
     assert et.Checkpointer(checkpoints).steps_newest_first() == [2]
+
+
+def test_every_write_of_a_failed_save_has_ended_when_a_stopped_run_returns(tiny_trainer_kwargs, small_disk,
+                                                                         monkeypatch):
+    # Orbax waits for a save's writes one after the other and stops at the first that fails; here the sharding
+    # file's write of each failed save goes on only once Orbax reported the failure, and then only after the run
+    # returned (or 1 s). Were the other writes not waited for, it would end after the run had returned (a clean
+    # clone's unmount of this disk once failed, "target is busy"), re-creating the failed save's folder.
+    failure_reported, returned, late_writes = threading.Event(), threading.Event(), []
+    write_shardings = jax_array_handlers._async_serialize_shardings
+    wait_for_writes = ocp.CheckpointManager.wait_until_finished
+
+    def reporting_failure(manager):
+        try:
+            wait_for_writes(manager)
+        except Exception:
+            failure_reported.set()
+            raise
+
+    async def after_the_failure(*args, **kwargs):
+        if not (small_disk / "filler").exists():
+            return await write_shardings(*args, **kwargs)  # a save before the disk is full
+        await asyncio.to_thread(failure_reported.wait, 10)
+        await asyncio.to_thread(returned.wait, 1)
+        try:
+            await write_shardings(*args, **kwargs)
+        finally:
+            late_writes.append("ended after the run returned" if returned.is_set() else "ended before")
+
+    monkeypatch.setattr(ocp.CheckpointManager, "wait_until_finished", reporting_failure)
+    monkeypatch.setattr(jax_array_handlers, "_async_serialize_shardings", after_the_failure)
+    checkpoints = small_disk / "checkpoints"
+    trainer = et.Trainer(**tiny_trainer_kwargs(
+        steps=12, checkpointer=et.Checkpointer(checkpoints, period=2, max_to_keep=10, max_failed_saves=2),
+        plugins=[DiskSpace(small_disk, fill_after=3)],
+    ))
+    with pytest.warns(et.CheckpointWarning), pytest.raises(et.TrainingStopped):
+        trainer.fit()
+    ended_by_then = list(late_writes)
+    returned.set()
+    assert failure_reported.is_set() and ended_by_then and set(ended_by_then) == {"ended before"}
+    assert on_disk(checkpoints) == ["2"]
 
 
 def test_a_failed_saves_background_writes_end_before_the_next_save(tiny_trainer_kwargs, small_disk, monkeypatch):
@@ -162,8 +199,7 @@ def test_the_command_line_stops_with_one_sentence_and_no_traceback_when_the_disk
             capture_output=True, text=True, timeout=300,
             env={**os.environ, "ELASTIC_TRAINER_DISABLE_PLUGIN_AUTOLOAD": "1"},
         )
-        # as in-process (above): a failed save's write still under way may land after the run's last removal
-        assert set(on_disk(disk)) - {"4.orbax-checkpoint-tmp", "6.orbax-checkpoint-tmp"} == {"2"}
+        assert on_disk(disk) == ["2"]
         assert et.Checkpointer(disk).steps_newest_first() == [2]
     finally:
         subprocess.run(["umount", str(disk)], check=True)

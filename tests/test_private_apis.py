@@ -4,6 +4,8 @@ import dataclasses
 import re
 from pathlib import Path
 
+import jax.numpy as jnp
+import orbax.checkpoint as ocp
 import pytest
 
 from elastic_trainer import _private_apis
@@ -39,8 +41,19 @@ def test_an_instance_attribute_that_is_gone_is_named():
 
 
 def test_no_other_module_reaches_into_jax_or_orbax_internals():
-    private = re.compile(r"jax\._src|orbax\.checkpoint\._src|_DEFAULT_BARRIER_TIMEOUT|\._open_and_write|\._metadata_key|_wait_for_checkpointers")
+    private = re.compile(r"jax\._src|orbax\.checkpoint\._src|_DEFAULT_BARRIER_TIMEOUT|\._open_and_write|\._metadata_key|_wait_for_checkpointers|_async_manager|_commit_futures")
     offenders = [f"{path}:{number}" for directory in (PACKAGE, PLUGINS) for path in sorted(directory.rglob("*.py"))
                  if path.name != "_private_apis.py"
                  for number, line in enumerate(path.read_text().splitlines(), 1) if private.search(line)]
     assert offenders == []
+
+
+def test_the_writes_of_an_asynchronous_save_are_found(tmp_path):
+    # the instance attributes save_writes reads (ORBAX_SAVE_WRITES) exist only on a manager that saved
+    manager = ocp.CheckpointManager(tmp_path, options=ocp.CheckpointManagerOptions(enable_async_checkpointing=True))
+    manager.save(1, args=ocp.args.StandardSave({"x": jnp.arange(4.0)}))
+    writes = _private_apis.save_writes(manager)
+    manager.wait_until_finished()
+    assert writes and all(callable(write.result) for write in writes)
+    assert manager.all_steps() == [1]
+    manager.close()

@@ -15,7 +15,7 @@ import orbax.checkpoint as ocp
 from jax.experimental import multihost_utils
 from jaxtyping import PyTree
 
-from .._private_apis import end_background_writes
+from .._private_apis import end_background_writes, end_save_writes
 from ._failed_writes import FailedSaves, SaveEnded, log_closed_loop_noise, move_aside
 from ._checksums import CHECKSUMS_KEY, checksums, compile_checksums, verify_checksums
 from .._failures import ConfigError
@@ -344,7 +344,8 @@ class Checkpointer:
             if step is None:
                 raise
             end_background_writes(self.manager)
-            return self._failed_saves.add(step, error, primary=self._primary())
+            return self._failed_saves.add(step, error, primary=self._primary(),
+                                          end_writes=lambda: end_save_writes(self.manager))
         self._failed_saves.remove_leftovers(primary=self._primary())
         return None if step is None else SaveEnded(step, time.time())
 

@@ -11,7 +11,7 @@ import shutil
 import sys
 import time
 import warnings
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from pathlib import Path
 from typing import NamedTuple
 
@@ -81,23 +81,29 @@ def remove_temporary(directory: Path, steps: Collection[int]) -> None:
 class FailedSaves:
     """The saves into ``directory`` that failed for I/O, and the temporary folders they leave behind.
 
-    Only Orbax's primary host removes folders (it owns them), and it does so
-    again at every :meth:`remove_leftovers`: tensorstore's writes still under
-    way when Orbax reported the failure may create a folder anew. Orbax does
-    not wait for those writes (it gathers them and raises at the first that
-    fails), so one may even land after the run's last removal. Such a folder
-    is never restored from, and Orbax replaces it at the next save of its step.
+    Only Orbax's primary host removes folders (it owns them). A save found
+    failed in the background has had its writes ended first
+    (:func:`~elastic_trainer._private_apis.end_background_writes`); those
+    Orbax does not hand over (a save that fails while it starts, or
+    tensorstore's writes of one array group after the first failed) may
+    still create a folder anew, so every :meth:`remove_leftovers` removes
+    them again. Such a folder is never restored from, and Orbax replaces it
+    at the next save of its step.
     """
 
     def __init__(self, directory: Path):
         self._directory = directory
         self._steps: set[int] = set()
 
-    def add(self, step: int, error: Exception, *, primary: bool) -> SaveEnded:
-        """How the save of ``step`` ended, having failed with ``error``; ``error`` is raised unless it is I/O."""
+    def add(
+        self, step: int, error: Exception, *, primary: bool, end_writes: Callable[[], None] = lambda: None,
+    ) -> SaveEnded:
+        """How the save of ``step`` ended, having failed with ``error``: ``error`` is raised unless it is I/O; then
+        ``end_writes`` waits for the save's writes still under way, and the save's folder is removed."""
         cause = io_cause(error)
         if cause is None:
             raise error
+        end_writes()
         self._steps.add(step)
         self.remove_leftovers(primary=primary)
         return SaveEnded(step, time.time(), cause)
