@@ -83,7 +83,7 @@ class FailedSaves:
 
     Only Orbax's primary host removes folders (it owns them). A save found
     failed in the background has had its writes ended first
-    (:func:`~elastic_trainer._private_apis.end_background_writes`); those
+    (:func:`~elastic_trainer._private_apis.end_save_writes`); those
     Orbax does not hand over (a save that fails while it starts, or
     tensorstore's writes of one array group after the first failed) may
     still create a folder anew, so every :meth:`remove_leftovers` removes
