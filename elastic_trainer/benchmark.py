@@ -27,7 +27,7 @@ RESULT_COLUMNS = (
     "lost_steps", "final_loss", "samples_duplicated", "samples_skipped", "stopped", "job",
 )
 RECOVERY_PARTS = ("detection_s", "waiting_s", "startup_s", "remesh_s", "compile_s", "restore_s")
-README_START, README_END = "<!-- benchmark-results:start -->", "<!-- benchmark-results:end -->"
+RESULTS_START, RESULTS_END = "<!-- benchmark-results:start -->", "<!-- benchmark-results:end -->"
 PLOTS = ("goodput.png", "timeline.png", "recovery.png")
 RUN_FILES = ("report.json", "events.jsonl", ".hydra/config.yaml", ".hydra/hydra.yaml")
 """What each job's published run directory keeps: enough for :func:`load_jobs` and the projection."""
@@ -38,15 +38,15 @@ class BenchmarkResults(Callback):
 
     :param publish_dir: also copy the tables and plots here (a folder kept in
         the repository), with each job's run files under ``runs/``, or ``None``.
-    :param readme: a Markdown file whose text between ``<!-- benchmark-results:start -->``
+    :param page: a Markdown file whose text between ``<!-- benchmark-results:start -->``
         and ``<!-- benchmark-results:end -->`` is replaced by the table and the
         plots (from ``publish_dir``); files without the markers are left alone.
     :param timeline_schedule: the failure schedule whose jobs the timeline plot shows.
     """
 
-    def __init__(self, publish_dir: str | None = None, readme: str | None = None, timeline_schedule: str = "periodic"):
+    def __init__(self, publish_dir: str | None = None, page: str | None = None, timeline_schedule: str = "periodic"):
         self.publish_dir = publish_dir
-        self.readme = readme
+        self.page = page
         self.timeline_schedule = timeline_schedule
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
@@ -70,8 +70,8 @@ class BenchmarkResults(Callback):
                 if (sweep_dir / name).exists():
                     shutil.copy(sweep_dir / name, publish_dir / name)
             publish_runs(sweep_dir, jobs, publish_dir / "runs")
-            if self.readme and Path(self.readme).exists():
-                update_readme(Path(self.readme), publish_dir)
+            if self.page and Path(self.page).exists():
+                update_results_page(Path(self.page), publish_dir)
 
 
 def load_jobs(sweep_dir: Path) -> list[dict[str, Any]]:
@@ -251,15 +251,18 @@ def plot_recovery(jobs: list[dict[str, Any]], path: Path) -> None:
     plt.close(figure)
 
 
-def update_readme(readme: Path, publish_dir: Path) -> None:
-    """Replace the README's benchmark block with the published table and plots."""
-    text = readme.read_text()
-    if README_START not in text or README_END not in text:
+def update_results_page(page: Path, publish_dir: Path) -> None:
+    """Replace the benchmark block of the Markdown file ``page`` with the published table and plots.
+
+    Image links are relative to ``page`` without resolving symbolic links, so a docs folder can reach the
+    results through one (``docs/results`` links to ``benchmarks/results``)."""
+    text = page.read_text()
+    if RESULTS_START not in text or RESULTS_END not in text:
         return
-    relative = Path(os.path.relpath(publish_dir.resolve(), readme.parent.resolve()))
-    block = [README_START, "", (publish_dir / "results.md").read_text().rstrip(), ""]
+    relative = Path(os.path.relpath(publish_dir.absolute(), page.parent.absolute()))
+    block = [RESULTS_START, "", (publish_dir / "results.md").read_text().rstrip(), ""]
     block += [f"![{name.removesuffix('.png')}]({(relative / name).as_posix()})" for name in PLOTS
               if (publish_dir / name).exists()]
-    block += ["", README_END]
-    head, rest = text.split(README_START, 1)
-    readme.write_text(head + "\n".join(block) + rest.split(README_END, 1)[1])
+    block += ["", RESULTS_END]
+    head, rest = text.split(RESULTS_START, 1)
+    page.write_text(head + "\n".join(block) + rest.split(RESULTS_END, 1)[1])

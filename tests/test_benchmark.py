@@ -7,7 +7,7 @@ import pytest
 from test_cli import run_cli
 from test_cli_recovery import TINY, failure_at, report_of
 
-from elastic_trainer.benchmark import README_END, README_START
+from elastic_trainer.benchmark import RESULTS_END, RESULTS_START
 
 
 def jobs_of(sweep_dir):
@@ -16,12 +16,12 @@ def jobs_of(sweep_dir):
 
 def test_benchmark_sweep_runs_every_strategy_and_writes_tables_and_plots(tmp_path):
     sweep_dir, published = tmp_path / "sweep", tmp_path / "published"
-    readme = tmp_path / "README.md"
-    readme.write_text(f"# Results\n{README_START}\nstale\n{README_END}\nafter\n")
+    page = tmp_path / "results.md"
+    page.write_text(f"# Results\n{RESULTS_START}\nstale\n{RESULTS_END}\nafter\n")
     result = run_cli(
         "-m", "+benchmark=standard", "+strategy=pause_resume,scale_down,full_restart", *TINY, "checkpoint.period=5",
         *failure_at(12, 1, down_for_s=1), f"hydra.sweep.dir={sweep_dir}",
-        f"hydra.callbacks.results.publish_dir={published}", f"hydra.callbacks.results.readme={readme}",
+        f"hydra.callbacks.results.publish_dir={published}", f"hydra.callbacks.results.page={page}",
         "hydra.callbacks.results.timeline_schedule=schedule", timeout=600,
     )
     assert result.returncode == 0, result.stderr
@@ -73,9 +73,9 @@ def test_benchmark_sweep_runs_every_strategy_and_writes_tables_and_plots(tmp_pat
     for name in ("results.csv", "results.md", "goodput.png", "timeline.png", "recovery.png"):
         assert (published / name).read_bytes() == (sweep_dir / name).read_bytes(), name
     assert (sweep_dir / "goodput.png").read_bytes().startswith(b"\x89PNG")
-    updated = readme.read_text()
+    updated = page.read_text()
     assert "stale" not in updated and table.strip() in updated and "![goodput](published/goodput.png)" in updated
-    assert updated.startswith("# Results\n") and updated.endswith(f"{README_END}\nafter\n")
+    assert updated.startswith("# Results\n") and updated.endswith(f"{RESULTS_END}\nafter\n")
 
 
 def test_the_sweep_runs_unchanged_under_the_joblib_launcher(tmp_path):

@@ -77,11 +77,12 @@ def test_a_truncated_newest_checkpoint_is_skipped_with_a_warning(tiny_trainer_kw
     assert int(state.step) == 5
 
 
-def test_readme_snippet_loads_a_checkpoint_with_plain_orbax(tiny_trainer_kwargs, tmp_path):
+def test_the_docs_snippet_loads_a_checkpoint_with_plain_orbax(tiny_trainer_kwargs, tmp_path):
     checkpoints = tmp_path / "runs" / "a" / "checkpoints"
     state, _ = et.Trainer(**tiny_trainer_kwargs(steps=2, checkpointer=et.Checkpointer(checkpoints, period=2))).fit()
-    readme = (Path(__file__).parents[1] / "README.md").read_text()
-    snippet = readme.split("<!-- plain-orbax -->")[1].split("```python")[1].split("```")[0]
+    page = (Path(__file__).parents[1] / "docs" / "checkpoints.md").read_text()
+    section = page.split("## Reading a checkpoint without elastic_trainer")[1]
+    snippet = section.split("```python")[1].split("```")[0]
     report = "\nimport numpy as np\nnp.save('embedding.npy', state['params']['token_embedding']['weight'])\n"
     report += "print(step, metadata['data_position'])\n"
     env = {**os.environ, "JAX_PLATFORMS": "cpu", "JAX_NUM_CPU_DEVICES": "1"}  # a fresh process with one device

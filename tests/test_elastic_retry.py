@@ -1,4 +1,5 @@
-"""elastic_retry: our failure handling around a loop the user keeps; the README's example runs as a user runs it."""
+"""elastic_retry: our failure handling around a loop the user keeps; the example of docs/your_loop.md
+(examples/elastic_retry_loop.py) runs as a user runs it."""
 
 import json
 import subprocess

@@ -271,9 +271,9 @@ def test_a_higher_failure_rate_recommends_more_spares(sweep, swap):
     assert recommended[2e-3][4096] > 1, recommended
 
 
-def test_the_readme_shows_the_generated_projection(sweep, swap):
+def test_the_benchmarks_page_shows_the_generated_projection(sweep, swap):
     _, measured = sweep
-    readme = (ROOT / "README.md").read_text()
+    readme = (ROOT / "docs" / "benchmarks.md").read_text()
     start, end = block_markers("projection-single")
     block = readme.split(start, 1)[1].split(end, 1)[0]
     model, horizon = FailureModel(), Horizon()

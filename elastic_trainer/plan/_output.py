@@ -155,6 +155,6 @@ def update_blocks(path: Path, blocks: dict[str, str]) -> list[str]:
 
 
 def image_link(image: Path, markdown_file: Path) -> str:
-    """A Markdown image of ``image``, relative to ``markdown_file``."""
-    relative = Path(os.path.relpath(image.resolve(), markdown_file.parent.resolve())).as_posix()
+    """A Markdown image of ``image``, relative to ``markdown_file`` (symbolic links kept, as a docs folder uses one)."""
+    relative = Path(os.path.relpath(image.absolute(), markdown_file.parent.absolute())).as_posix()
     return f"![{image.stem}]({relative})"
