@@ -22,6 +22,7 @@ import optax  # noqa: E402
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P  # noqa: E402
 
 import elastic_trainer as et  # noqa: E402
+import elastic_trainer.plugin as etp  # noqa: E402
 from elastic_trainer._step import make_step_fn  # noqa: E402
 
 SEED = 0
@@ -84,7 +85,7 @@ def bare_intervals(work: Workload, steps: int) -> list[float]:
     mesh = Mesh(np.array(jax.devices()[: work.devices]).reshape(work.slices, work.devices_per_slice),
                 ("slice", "device"))
     replicated, batch_sharding = NamedSharding(mesh, P()), NamedSharding(mesh, P(("slice", "device")))
-    arrays, static = eqx.partition(et.init_train_state(model, optimizer, key=jax.random.key(1)), eqx.is_array)
+    arrays, static = eqx.partition(etp.init_train_state(model, optimizer, key=jax.random.key(1)), eqx.is_array)
     jitted = jax.jit(make_step_fn(et.next_token_loss, optimizer, static, arrays), donate_argnums=0,
                      in_shardings=(replicated, batch_sharding, replicated), out_shardings=(replicated, replicated))
 

@@ -62,6 +62,7 @@ from jax.flatten_util import ravel_pytree
 from jax.sharding import Mesh, PartitionSpec
 
 import elastic_trainer as et
+import elastic_trainer.plugin as etp
 from elastic_trainer.chaos import Chaos
 from elastic_trainer.strategies import PauseResume, ScaleDown
 
@@ -69,7 +70,7 @@ GLOBAL_BATCH = 48
 GROUPS = 24
 """The prototype's sample groups: every device count from 1 slice (2 devices) to 4 (8) divides 24, and 24 divides 48."""
 SEED = 0
-MESH_AXES = (et.SLICE_AXIS, et.DEVICE_AXIS)
+MESH_AXES = (etp.SLICE_AXIS, etp.DEVICE_AXIS)
 
 
 # ---------------------------------------------------------------- the prototype: a fixed reduction order
@@ -168,15 +169,15 @@ class FixedOrderLoss:
         self.mesh: Mesh | None = None
 
     @et.hookimpl
-    def et_run_start(self, trainer: et.TrainerView) -> None:
+    def et_run_start(self, trainer: etp.TrainerView) -> None:
         """Check the group count against the batch and the cluster; the full mesh until plugins make one."""
         if trainer.global_batch_size % self.groups:
             raise et.ConfigError(f"FixedOrderLoss(groups={self.groups}) must divide the global batch "
                                  f"({trainer.global_batch_size}); choose a divisor of it.")
-        self.mesh = et.make_mesh(trainer.cluster.slice_devices())
+        self.mesh = etp.make_mesh(trainer.cluster.slice_devices())
 
     @et.hookimpl(wrapper=True)
-    def et_make_mesh(self, trainer: et.RunView, slice_devices: Sequence[Sequence[jax.Device]]):
+    def et_make_mesh(self, trainer: etp.RunView, slice_devices: Sequence[Sequence[jax.Device]]):
         """Note the mesh the next step is compiled for."""
         mesh = yield
         if isinstance(mesh, Mesh) and self.groups % mesh.size:

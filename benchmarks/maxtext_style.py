@@ -34,6 +34,7 @@ from hydra import compose, initialize_config_module  # noqa: E402
 from jax.sharding import NamedSharding, PartitionSpec  # noqa: E402
 
 import elastic_trainer as et  # noqa: E402
+import elastic_trainer.plugin as etp  # noqa: E402
 from elastic_trainer._step import make_step_fn  # noqa: E402
 from elastic_trainer.config._build import build_trainer  # noqa: E402
 from elastic_trainer.config._schemas import register_configs  # noqa: E402
@@ -68,7 +69,7 @@ def main() -> None:
     @et.elastic_retry(cluster=job.cluster, strategy=ScaleDown(), plugins=[Chaos(failures=[failure])],
                       run_dir=args.run_dir)
     def train(run: et.ElasticRun) -> None:
-        state = et.init_train_state(job.model, job.optimizer, key=jax.random.fold_in(jax.random.key(job.seed), 1))
+        state = etp.init_train_state(job.model, job.optimizer, key=jax.random.fold_in(jax.random.key(job.seed), 1))
         arrays, static = eqx.partition(state, eqx.is_array)
         replicated = NamedSharding(run.mesh, PartitionSpec())
         batch_sharding = NamedSharding(run.mesh, PartitionSpec(("slice", "device")))

@@ -259,7 +259,7 @@ def state_bytes(overrides: list[str]) -> int:
     from hydra import compose, initialize_config_module
     from hydra.utils import instantiate
 
-    import elastic_trainer as et
+    import elastic_trainer.plugin as etp
     from elastic_trainer.config._schemas import register_configs
     from elastic_trainer.launch._cli import CONFIG_MODULE
 
@@ -267,7 +267,7 @@ def state_bytes(overrides: list[str]) -> int:
     with initialize_config_module(CONFIG_MODULE, version_base=None):
         cfg = compose("config", overrides=overrides)
     optimizer = instantiate(cfg.optimizer)
-    state = jax.eval_shape(lambda: et.init_train_state(instantiate(cfg.model, key=jax.random.key(0)), optimizer,
+    state = jax.eval_shape(lambda: etp.init_train_state(instantiate(cfg.model, key=jax.random.key(0)), optimizer,
                                                         key=jax.random.key(1)))
     return sum(leaf.size * leaf.dtype.itemsize for leaf in jax.tree.leaves(state) if hasattr(leaf, "dtype"))
 

@@ -50,16 +50,17 @@ def main() -> None:
     from jax.sharding import Mesh, NamedSharding
 
     import elastic_trainer as et
+    import elastic_trainer.plugin as etp
     from elastic_trainer._mesh import DEVICE_AXIS, batch_sharding, replicated, state_shardings
     from elastic_trainer._snapshots import host_copy
     from elastic_trainer._step import gradient_positions, make_step_functions
 
     work = _loops.DEFAULT_JOB if args.devices is None else _loops.small(args.devices)
     data, model, optimizer = _loops.parts(work)
-    arrays, static = eqx.partition(et.init_train_state(model, optimizer, key=jax.random.key(1)), eqx.is_array)
+    arrays, static = eqx.partition(etp.init_train_state(model, optimizer, key=jax.random.key(1)), eqx.is_array)
     leaves = jax.tree.leaves(arrays)
     mesh = Mesh(np.array(jax.devices()[: work.devices]).reshape(work.slices, work.devices_per_slice),
-                (et.SLICE_AXIS, et.DEVICE_AXIS))
+                (etp.SLICE_AXIS, etp.DEVICE_AXIS))
     shardings = jax.tree.leaves(state_shardings(arrays, mesh, within_slice="replicated"))
     functions = make_step_functions(et.next_token_loss, optimizer, static, arrays)
     rep, batches = replicated(mesh), batch_sharding(mesh)

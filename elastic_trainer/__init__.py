@@ -2,71 +2,100 @@
 
 A dead slice surfaces as a Python exception, a strategy plugin decides what to
 do, and training continues at the exact step and data position.
+
+This module holds what a user of the trainer needs (``__all__``). Strategies are
+in :mod:`elastic_trainer.strategies`, failure injection in :mod:`elastic_trainer.chaos`,
+loggers in :mod:`elastic_trainer.loggers`; plugin authors' surfaces in
+:mod:`elastic_trainer.plugin`, backend authors' in :mod:`elastic_trainer.clusters`.
 """
+
+import importlib as _importlib
+import warnings as _warnings
 
 from .checkpoints._checkpointer import Checkpointer as Checkpointer
 from .clusters import (
-    AbstractCluster as AbstractCluster,
-    AbstractInjectableCluster as AbstractInjectableCluster,
-    AbstractMultiControllerCluster as AbstractMultiControllerCluster,
-    AbstractProcessInjectableCluster as AbstractProcessInjectableCluster,
-    AbstractRejoinCluster as AbstractRejoinCluster,
-    AbstractSpareCluster as AbstractSpareCluster,
-    AbstractTimedCluster as AbstractTimedCluster,
-    SyncCall as SyncCall,
     MultiprocessCluster as MultiprocessCluster,
     PathwaysCluster as PathwaysCluster,
     SimulatedCluster as SimulatedCluster,
-    has_spares as has_spares,
-    mesh_slice_count as mesh_slice_count,
-    vital_slices as vital_slices,
 )
 from ._elastic_retry import ElasticRun as ElasticRun, elastic_retry as elastic_retry
 from ._data import AbstractDataset as AbstractDataset, StdlibText as StdlibText, sample_ids as sample_ids
 from ._failures import (
+    AcceleratorUnusedWarning as AcceleratorUnusedWarning,
     CheckpointWarning as CheckpointWarning,
     ConfigError as ConfigError,
-    Failure as Failure,
     PluginError as PluginError,
-    RecoveryPlan as RecoveryPlan,
-    RestartRequested as RestartRequested,
-    RetryBudget as RetryBudget,
     SliceLostError as SliceLostError,
     SpareWarning as SpareWarning,
-    StepInterrupted as StepInterrupted,
-    SyncMismatchError as SyncMismatchError,
     TrainingStopped as TrainingStopped,
 )
 from ._preemption import Preempted as Preempted
 from ._run_lock import RunLockedError as RunLockedError, StaleLockWarning as StaleLockWarning
-from ._goodput import BADPUT_CATEGORIES as BADPUT_CATEGORIES, GoodputClock as GoodputClock
-from ._report import report_events as report_events, summary_table as summary_table, write_report as write_report
-from ._mesh import (
-    DEVICE_AXIS as DEVICE_AXIS,
-    SLICE_AXIS as SLICE_AXIS,
-    WithinSlice as WithinSlice,
-    batch_sharding as batch_sharding,
-    make_mesh as make_mesh,
-    state_shardings as state_shardings,
-)
 from ._models import Transformer as Transformer, next_token_loss as next_token_loss
-from ._plugins import DEFAULT_PLUGINS as DEFAULT_PLUGINS, make_plugin_manager as make_plugin_manager
-from ._protocols import (
-    RestartingStrategy as RestartingStrategy,
-    RunView as RunView,
-    Strategy as Strategy,
-    TrainerView as TrainerView,
-    restarts_process as restarts_process,
-)
-from ._state import TrainState as TrainState, init_train_state as init_train_state
-from ._compiled_step import CompiledStep as CompiledStep, StepMonitor as StepMonitor
-from ._step import StepFunctions as StepFunctions
-from ._training_mode import AbstractTrainingMode as AbstractTrainingMode, SynchronousMode as SynchronousMode
-from ._strategy import AbstractStrategy as AbstractStrategy, one_slice_lost as one_slice_lost
-from ._stragglers import StragglerDrops as StragglerDrops
 from ._trainer import FitResult as FitResult, Trainer as Trainer
-from .hookspecs import hookimpl as hookimpl, hookspec as hookspec
+# RunReport: from ._report import RunReport as RunReport  (added with the typed report)
+from .hookspecs import hookimpl as hookimpl
 from ._grain import GrainDataset as GrainDataset
 from ._nnx import NnxModel as NnxModel
+from . import chaos as chaos, loggers as loggers, plugin as _plugin, strategies as strategies
 
 __version__ = "0.1.0"
+
+__all__ = [
+    # the trainer and its result
+    "Trainer",
+    "FitResult",
+    # RunReport (added with the typed report)
+    "Checkpointer",
+    "elastic_retry",
+    "ElasticRun",
+    # data and models
+    "AbstractDataset",
+    "StdlibText",
+    "GrainDataset",
+    "sample_ids",
+    "NnxModel",
+    "Transformer",
+    "next_token_loss",
+    # the clusters a user picks
+    "SimulatedCluster",
+    "MultiprocessCluster",
+    "PathwaysCluster",
+    # strategies, failure injection, loggers, and the marker of a plugin's hooks
+    "strategies",
+    "chaos",
+    "loggers",
+    "hookimpl",
+    # what a user catches or filters
+    "ConfigError",
+    "PluginError",
+    "TrainingStopped",
+    "SliceLostError",
+    "Preempted",
+    "RunLockedError",
+    "AcceleratorUnusedWarning",
+    "CheckpointWarning",
+    "SpareWarning",
+    "StaleLockWarning",
+]
+
+_BACKEND_NAMES = (
+    "AbstractCluster", "AbstractInjectableCluster", "AbstractMultiControllerCluster",
+    "AbstractProcessInjectableCluster", "AbstractRejoinCluster", "AbstractSpareCluster", "AbstractTimedCluster",
+    "SyncCall", "has_spares", "mesh_slice_count", "vital_slices",
+)
+_MOVED = {**dict.fromkeys(_plugin.__all__, "elastic_trainer.plugin"),
+          **dict.fromkeys(_BACKEND_NAMES, "elastic_trainer.clusters")}
+"""The names this module exported until 0.1.0 that moved, by the module they live in now."""
+
+
+def __getattr__(name: str):
+    """A moved name from its new module, with a ``DeprecationWarning`` naming where it lives now (PEP 562)."""
+    module = _MOVED.get(name)
+    if module is None:
+        raise AttributeError(f"module 'elastic_trainer' has no attribute {name!r}")
+    _warnings.warn(
+        f"elastic_trainer.{name} moved to {module}.{name}; import it from there "
+        "(the old name goes in the next release).", DeprecationWarning, stacklevel=2,
+    )
+    return getattr(_importlib.import_module(module), name)

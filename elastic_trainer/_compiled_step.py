@@ -1,6 +1,6 @@
 """A layout's compiled step, and how it runs: one donating program, or the gradients and then the update.
 
-Which one a layout gets is the training mode's (:class:`~elastic_trainer.SynchronousMode`: a split step on an
+Which one a layout gets is the training mode's (:class:`~elastic_trainer.plugin.SynchronousMode`: a split step on an
 :class:`AbstractMultiControllerCluster`, docs/architecture.md, "The step"). Both run the same way from outside: the
 runner (a :class:`StepMonitor`) is told when the step is launched and
 dispatched, and waits for it; a failure after the state was donated raises
@@ -63,7 +63,7 @@ class StepMonitor(Protocol):
 
 
 class CompiledStep(Protocol):
-    """A layout's compiled step, as a training mode makes it (:class:`~elastic_trainer.AbstractTrainingMode`)."""
+    """A layout's compiled step, as a training mode makes it (:class:`~elastic_trainer.plugin.AbstractTrainingMode`)."""
 
     @property
     def executables(self) -> tuple[Any, ...]:

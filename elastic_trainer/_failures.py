@@ -181,6 +181,11 @@ class SpareWarning(UserWarning):
     that swaps with no spare to swap in."""
 
 
+class AcceleratorUnusedWarning(UserWarning):
+    """This host has GPUs or TPUs that JAX would use, but the chosen cluster trains on CPU devices; the message
+    names the option that uses them, or says that none does yet."""
+
+
 class SyncMismatchError(RuntimeError):
     """Live processes made different synchronization calls under one agreement's number; the message names both.
     A bug (in a plugin or the framework), never the hardware's: the run stops."""

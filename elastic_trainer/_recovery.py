@@ -115,7 +115,8 @@ def choose_plan(ctx: RunContext, failure: Failure) -> RecoveryPlan | None:
     if plan is not None and not isinstance(plan, RecoveryPlan):
         raise PluginError(
             f"{answering(ctx.plugin_manager, 'et_choose_recovery')} returned {plan!r} from et_choose_recovery; "
-            "a strategy must return an et.RecoveryPlan, or None to leave the decision to the next plugin."
+            "a strategy must return an elastic_trainer.plugin.RecoveryPlan, or None to leave the decision to the "
+            "next plugin."
         )
     return plan
 

@@ -103,7 +103,8 @@ def _training_mode(trainer: Trainer) -> AbstractTrainingMode:
     if not isinstance(mode, AbstractTrainingMode):
         raise PluginError(
             f"{answering(trainer.plugin_manager, 'et_training_mode')} returned {mode!r} from et_training_mode; a "
-            "plugin must return an et.AbstractTrainingMode, or None to leave the choice to the next plugin."
+            "plugin must return an elastic_trainer.plugin.AbstractTrainingMode, or None to leave the choice to the "
+            "next plugin."
         )
     return mode
 

@@ -61,7 +61,7 @@ class StepCache:
     executable. The layouts still kept hold their own compiled steps.
 
     A layout's step is what the training ``mode`` compiles for its mesh
-    (:class:`~elastic_trainer.SynchronousMode` by default: one program with the
+    (:class:`~elastic_trainer.plugin.SynchronousMode` by default: one program with the
     state donated, or its gradients and then its update).
 
     :param functions: the step's pure functions (see :func:`make_step_functions`).

@@ -21,7 +21,7 @@ def take_back(ctx, state: LoopState, slices: Sequence[int], returning: Sequence[
 
     The saves under way commit first; the state (this process's shards)
     and the losses still on the devices go to host memory; the cluster
-    restarts the backend with the replacements (:meth:`~elastic_trainer.AbstractRejoinCluster.take_in`),
+    restarts the backend with the replacements (:meth:`~elastic_trainer.clusters.AbstractRejoinCluster.take_in`),
     every compiled step forgotten once the compile under way has ended; then
     the layout of ``slices`` is made on the new backend and the state moves to
     it, the returning slices' part from a live slice's (:func:`share_state`).

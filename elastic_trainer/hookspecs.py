@@ -57,9 +57,9 @@ def et_training_mode(trainer: TrainerView) -> AbstractTrainingMode | None:
 
     :param trainer: the trainer about to run; ``trainer.cluster`` is the cluster.
 
-    Return an :class:`~elastic_trainer.AbstractTrainingMode`, or ``None`` to
+    Return an :class:`~elastic_trainer.plugin.AbstractTrainingMode`, or ``None`` to
     let the next plugin decide. ``firstresult``: with no answer the step is
-    synchronous data parallel (:class:`~elastic_trainer.SynchronousMode`, its
+    synchronous data parallel (:class:`~elastic_trainer.plugin.SynchronousMode`, its
     gradients and update split on a multi-controller cluster). Any other
     answer is a plugin error.
     """
@@ -74,7 +74,7 @@ def et_run_start(trainer: TrainerView, state: TrainState, mode: AbstractTraining
     :param state: the initial train state, not yet on the mesh (a resumed run
         restores its checkpoint later, see :func:`et_after_restore`).
     :param mode: the run's training mode (:func:`et_training_mode`'s answer, or
-        :class:`~elastic_trainer.SynchronousMode`): for example, whether and
+        :class:`~elastic_trainer.plugin.SynchronousMode`): for example, whether and
         after which steps its boundary work runs (``mode.boundary_due``).
 
     Return value is ignored.
@@ -164,7 +164,7 @@ def et_classify_failure(error: BaseException, step: int, phase: str) -> Failure 
         ``"boundary"`` (a training mode's work after the step: ``diloco``'s outer step),
         ``"checkpoint_save"``, ``"checkpoint_restore"`` or ``"recovery"`` (a failure while recovering).
 
-    Return a :class:`~elastic_trainer.Failure` (``elastic=True`` when a strategy
+    Return a :class:`~elastic_trainer.plugin.Failure` (``elastic=True`` when a strategy
     may recover from it, with the lost slices if known), or ``None`` to let the
     next plugin decide. ``firstresult``: the first non-``None`` answer wins; the
     built-in classifier runs last and calls anything it does not recognise fatal.
@@ -229,7 +229,7 @@ def et_choose_recovery(trainer: RunView, failure: Failure) -> RecoveryPlan | Non
     :param trainer: the running trainer.
     :param failure: the classified failure.
 
-    Return a :class:`~elastic_trainer.RecoveryPlan`, or ``None`` when this
+    Return a :class:`~elastic_trainer.plugin.RecoveryPlan`, or ``None`` when this
     plugin does not handle the failure. ``firstresult``: the selected strategy
     answers. With no answer the run stops the traditional way and says how to
     select a strategy.

@@ -9,6 +9,8 @@ from collections.abc import Iterable, Mapping
 import numpy as np
 
 import elastic_trainer as et
+import elastic_trainer.plugin as etp
+from elastic_trainer.clusters import AbstractInjectableCluster, AbstractProcessInjectableCluster
 
 FIRED_FILE = "chaos_fired.json"
 PHASES = ("train_step", "update", "boundary", "checkpoint_save", "checkpoint_restore", "recovery")
@@ -119,10 +121,10 @@ class Chaos:
         self._random_steps: set[int] = set()  # steps a random failure struck (a retried step is spared)
 
     @et.hookimpl
-    def et_run_start(self, trainer: et.TrainerView, mode: et.AbstractTrainingMode) -> None:
+    def et_run_start(self, trainer: etp.TrainerView, mode: etp.AbstractTrainingMode) -> None:
         """Check that the cluster can lose slices and has the ones scheduled, at steps the run reaches, in phases
         the run has there."""
-        if not isinstance(trainer.cluster, et.AbstractInjectableCluster):
+        if not isinstance(trainer.cluster, AbstractInjectableCluster):
             raise et.ConfigError(
                 f"chaos needs a cluster that can lose slices (cluster=simulated or cluster=multiprocess), "
                 f"not {trainer.cluster.kind}."
@@ -135,7 +137,7 @@ class Chaos:
             if failure.slice >= slices:
                 raise et.ConfigError(f"chaos failure at step {failure.at_step} names slice {failure.slice}, "
                                      f"but the cluster has slices 0 to {slices - 1}.")
-            if failure.process is not None and not isinstance(trainer.cluster, et.AbstractProcessInjectableCluster):
+            if failure.process is not None and not isinstance(trainer.cluster, AbstractProcessInjectableCluster):
                 raise et.ConfigError(f"chaos failure at step {failure.at_step} names process {failure.process} "
                                      f"of its slice, but only cluster=multiprocess has processes; leave it unset.")
             last = trainer.steps if failure.phase.startswith("checkpoint") else trainer.steps - 1  # step N is saved
@@ -151,7 +153,7 @@ class Chaos:
                                      "strategy.inner_steps steps) or pick another phase.")
 
     @et.hookimpl
-    def et_step_start(self, trainer: et.RunView, step: int) -> None:
+    def et_step_start(self, trainer: etp.RunView, step: int) -> None:
         """Lose the slices scheduled for this step, and in random or periodic mode maybe one more."""
         self._strike(trainer, step, "train_step")
         if step in self._random_steps:
@@ -167,32 +169,32 @@ class Chaos:
                 self._strike_random_slice(trainer, step, rng)
 
     @et.hookimpl
-    def et_before_update(self, trainer: et.RunView, step: int) -> None:
+    def et_before_update(self, trainer: etp.RunView, step: int) -> None:
         """Lose the slices scheduled to fail while the step after ``step`` runs, before its update."""
         self._strike(trainer, step, "update")
 
     @et.hookimpl
-    def et_before_boundary(self, trainer: et.RunView, step: int) -> None:
+    def et_before_boundary(self, trainer: etp.RunView, step: int) -> None:
         """Lose the slices scheduled to fail during the mode's boundary work after the step after ``step``."""
         self._strike(trainer, step, "boundary")
 
     @et.hookimpl
-    def et_before_checkpoint_save(self, trainer: et.TrainerView, step: int) -> None:
+    def et_before_checkpoint_save(self, trainer: etp.TrainerView, step: int) -> None:
         """Lose the slices scheduled to fail while step ``step`` is saved."""
         self._strike(trainer, step, "checkpoint_save")
 
     @et.hookimpl
-    def et_before_restore(self, trainer: et.TrainerView, step: int, source: str) -> None:
+    def et_before_restore(self, trainer: etp.TrainerView, step: int, source: str) -> None:
         """Lose the slices scheduled to fail while the checkpoint of step ``step`` is restored."""
         if source == "checkpoint":
             self._strike(trainer, step, "checkpoint_restore")
 
     @et.hookimpl
-    def et_recovery_start(self, trainer: et.RunView, failure: et.Failure) -> None:
+    def et_recovery_start(self, trainer: etp.RunView, failure: etp.Failure) -> None:
         """Lose the slices scheduled to fail while recovering from this failure."""
         self._strike(trainer, failure.step, "recovery")
 
-    def _strike(self, trainer: et.RunView, step: int, phase: str) -> None:
+    def _strike(self, trainer: etp.RunView, step: int, phase: str) -> None:
         for index, failure in enumerate(self.failures):
             if index not in self._fired and failure.at_step == step and failure.phase == phase:
                 self._fired.add(index)
@@ -206,7 +208,7 @@ class Chaos:
                 lose = trainer.cluster.hang_slice if failure.hang else trainer.cluster.fail_slice
                 lose(failure.slice, down_for_s=failure.down_for_s)
 
-    def _strike_random_slice(self, trainer: et.RunView, step: int, rng: np.random.Generator) -> None:
+    def _strike_random_slice(self, trainer: etp.RunView, step: int, rng: np.random.Generator) -> None:
         if step not in self._random_steps:
             self._random_steps.add(step)
             self._remember(trainer)
@@ -214,7 +216,7 @@ class Chaos:
             if candidates:
                 trainer.cluster.fail_slice(int(rng.choice(candidates)), down_for_s=self.random_down_for_s)
 
-    def _remember(self, trainer: et.RunView) -> None:
+    def _remember(self, trainer: etp.RunView) -> None:
         """Write down what struck, so that a restarted worker does not strike again."""
         if trainer.run_dir is not None:
             trainer.run_dir.mkdir(parents=True, exist_ok=True)

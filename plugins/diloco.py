@@ -18,10 +18,12 @@ from __future__ import annotations
 import optax
 
 import elastic_trainer as et
+import elastic_trainer.plugin as etp
+from elastic_trainer.clusters import mesh_slice_count
 from elastic_trainer_plugins.diloco_mode import DiLoCoMode
 
 
-class DiLoCo(et.AbstractStrategy):
+class DiLoCo(etp.AbstractStrategy):
     """DiLoCo (Douillard et al., 2023): inner steps on each slice's own replica, an outer step every
     ``inner_steps``.
 
@@ -51,7 +53,7 @@ class DiLoCo(et.AbstractStrategy):
     def __init__(self, inner_steps: int = 10, outer_lr: float = 0.7, outer_momentum: float = 0.9,
                  nesterov: bool = True, min_slice_count: int = 1, timeout_s: float = 300.0, scale_up: bool = True,
                  compile_ahead: bool = True, max_retries: int = 10,
-                 retry_reset_steps: int = et.RetryBudget.DEFAULT_RESET_STEPS, drop_stragglers: bool = False,
+                 retry_reset_steps: int = etp.RetryBudget.DEFAULT_RESET_STEPS, drop_stragglers: bool = False,
                  drop_for_steps: int = 20):
         for name, value, low in (("inner_steps", inner_steps, 1), ("min_slice_count", min_slice_count, 1)):
             if value < low:
@@ -65,15 +67,15 @@ class DiLoCo(et.AbstractStrategy):
         self.inner_steps, self.min_slice_count, self.timeout_s = inner_steps, min_slice_count, timeout_s
         self.outer_lr, self.outer_momentum, self.nesterov = outer_lr, outer_momentum, nesterov
         self.scale_up, self.compile_ahead = scale_up, compile_ahead
-        self.retries = et.RetryBudget(self.name, max_retries, retry_reset_steps)
-        self.drops = et.StragglerDrops(enabled=drop_stragglers, drop_for_steps=drop_for_steps)
+        self.retries = etp.RetryBudget(self.name, max_retries, retry_reset_steps)
+        self.drops = etp.StragglerDrops(enabled=drop_stragglers, drop_for_steps=drop_for_steps)
         self._step = 0  # steps completed, as of the last step's end
 
     @et.hookimpl
-    def et_run_start(self, trainer: et.TrainerView, state: et.TrainState, mode: et.AbstractTrainingMode) -> None:
+    def et_run_start(self, trainer: etp.TrainerView, state: etp.TrainState, mode: etp.AbstractTrainingMode) -> None:
         """Refuse more slices asked for than the cluster has, and a global batch whose per-slice share does not
         divide over a slice's devices."""
-        slices = et.mesh_slice_count(trainer.cluster)
+        slices = mesh_slice_count(trainer.cluster)
         if self.min_slice_count > slices:
             raise et.ConfigError(
                 f"strategy.min_slice_count ({self.min_slice_count}) is above the cluster's {slices} slices.")
@@ -84,32 +86,32 @@ class DiLoCo(et.AbstractStrategy):
                 f"{slices} slices x {devices} devices: each slice trains its own share, split over its devices.")
 
     @et.hookimpl
-    def et_training_mode(self, trainer: et.TrainerView) -> DiLoCoMode:
+    def et_training_mode(self, trainer: etp.TrainerView) -> DiLoCoMode:
         """DiLoCo's mode: a replica per slice, and the outer step."""
-        slices = et.mesh_slice_count(trainer.cluster)
+        slices = mesh_slice_count(trainer.cluster)
         outer = optax.sgd(self.outer_lr, momentum=self.outer_momentum or None, nesterov=self.nesterov)
         return DiLoCoMode(inner_steps=self.inner_steps, outer_optimizer=outer, slices=slices, limit=slices,
                           steps=trainer.steps, min_slices=self.min_slice_count)
 
     @et.hookimpl
-    def et_choose_recovery(self, trainer: et.RunView, failure: et.Failure) -> et.RecoveryPlan:
+    def et_choose_recovery(self, trainer: etp.RunView, failure: etp.Failure) -> etp.RecoveryPlan:
         """A failure no replica drop absorbs (too few slices left, or outside a step): wait up to ``timeout_s``
         for ``min_slice_count`` healthy slices, then go on with every healthy one."""
         self.retries.spend(failure.step)
-        return et.RecoveryPlan(action="diloco", min_slices=self.min_slice_count, wait_for_min_s=self.timeout_s)
+        return etp.RecoveryPlan(action="diloco", min_slices=self.min_slice_count, wait_for_min_s=self.timeout_s)
 
     @et.hookimpl
-    def et_likely_layouts(self, trainer: et.TrainerView) -> list[list[int]]:
+    def et_likely_layouts(self, trainer: etp.TrainerView) -> list[list[int]]:
         """Every layout with one slice fewer: where the next dropped replica takes the run."""
-        return et.one_slice_lost(trainer.slices, at_least=self.min_slice_count) if self.compile_ahead else []
+        return etp.one_slice_lost(trainer.slices, at_least=self.min_slice_count) if self.compile_ahead else []
 
     @et.hookimpl
-    def et_step_end(self, trainer: et.TrainerView, step: int, metrics: dict) -> None:
+    def et_step_end(self, trainer: etp.TrainerView, step: int, metrics: dict) -> None:
         """Note the steps completed: slices are dropped for being slow and taken back only at an outer step."""
         self._step = step
 
     @et.hookimpl
-    def et_propose_resize(self, trainer: et.TrainerView, healthy_slices: list[int]) -> list[int] | None:
+    def et_propose_resize(self, trainer: etp.TrainerView, healthy_slices: list[int]) -> list[int] | None:
         """At an outer step, drop the stragglers in use (``drop_stragglers``); else (``scale_up``) take back every
         healthy slice when more are healthy than in use, less the dropped stragglers whose time out is not over."""
         if self._step % self.inner_steps:

@@ -7,7 +7,7 @@ slice axis, and the outer parameters and outer optimizer state, a full copy
 on every slice. A step runs one program per slice, on that slice's devices
 alone, over a zero-copy view of its row and of its share of the batch: no
 collective crosses slices, and a slice lost in its program takes only its row
-with it (:meth:`~elastic_trainer.StepMonitor.dropped`). The boundary (the
+with it (:meth:`~elastic_trainer.plugin.StepMonitor.dropped`). The boundary (the
 outer step) is one program over the layout's mesh: the mean of the replicas'
 parameters, the outer optimizer's step on ``outer - mean``, and the new outer
 parameters copied into every row. On a runtime of several processes each runs
@@ -32,6 +32,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from jaxtyping import PyTree
 
 import elastic_trainer as et
+import elastic_trainer.plugin as etp
 
 
 class DiLoCoState(eqx.Module):
@@ -43,7 +44,7 @@ class DiLoCoState(eqx.Module):
     :param outer_opt_state: the outer optimizer's state for them.
     """
 
-    replicas: et.TrainState
+    replicas: etp.TrainState
     outer_params: list
     outer_opt_state: PyTree
 
@@ -55,7 +56,7 @@ def _trained(params: PyTree) -> list[int]:
 
 
 @dataclasses.dataclass(eq=False)
-class DiLoCoMode(et.AbstractTrainingMode):
+class DiLoCoMode(etp.AbstractTrainingMode):
     """Each slice its own replica for ``inner_steps`` steps, then one outer step over the live slices.
 
     :param inner_steps: steps between outer steps (DiLoCo's H); the run's last step is an outer step too.
@@ -78,12 +79,12 @@ class DiLoCoMode(et.AbstractTrainingMode):
     _inner_steps: dict = dataclasses.field(default_factory=dict)  # the run's step functions -> the inner step
     _lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)
 
-    def init(self, arrays: et.TrainState) -> DiLoCoState:
+    def init(self, arrays: etp.TrainState) -> DiLoCoState:
         outer = [jax.tree.leaves(arrays.params)[i] for i in _trained(arrays.params)]
         return DiLoCoState(replicas=jax.tree.map(lambda a: jnp.stack([a] * self.slices), arrays),
                            outer_params=outer, outer_opt_state=self.outer_optimizer.init(outer))
 
-    def train_state(self, arrays: DiLoCoState) -> et.TrainState:
+    def train_state(self, arrays: DiLoCoState) -> etp.TrainState:
         """The outer parameters in the first replica's train state (its optimizer state, step, key and data
         position: every replica's step, key and position are the same). After an outer step, and so at the
         run's end, every replica's parameters are the outer ones."""
@@ -137,16 +138,16 @@ class DiLoCoMode(et.AbstractTrainingMode):
                  for i, (a, s) in enumerate(zip(leaves, jax.tree.leaves(shardings.replicas), strict=True))]
         return DiLoCoState(structure.unflatten(moved), *outer)
 
-    def compile(self, functions: et.StepFunctions, abstract: DiLoCoState, batch: PyTree, mesh: Mesh, *,
-                within_slice: et.WithinSlice) -> tuple[DiLoCoStep, DiLoCoState]:
-        slices = mesh.shape[et.SLICE_AXIS]
+    def compile(self, functions: etp.StepFunctions, abstract: DiLoCoState, batch: PyTree, mesh: Mesh, *,
+                within_slice: etp.WithinSlice) -> tuple[DiLoCoStep, DiLoCoState]:
+        slices = mesh.shape[etp.SLICE_AXIS]
         abstract = self.abstract(abstract, slices=slices)
         row = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape[1:], a.dtype), abstract.replicas)
         shardings = DiLoCoState(
-            replicas=jax.tree.map(lambda s: NamedSharding(mesh, PartitionSpec(et.SLICE_AXIS, *s.spec)),
-                                  et.state_shardings(row, mesh, within_slice=within_slice)),
-            outer_params=et.state_shardings(abstract.outer_params, mesh, within_slice=within_slice),
-            outer_opt_state=et.state_shardings(abstract.outer_opt_state, mesh, within_slice=within_slice),
+            replicas=jax.tree.map(lambda s: NamedSharding(mesh, PartitionSpec(etp.SLICE_AXIS, *s.spec)),
+                                  etp.state_shardings(row, mesh, within_slice=within_slice)),
+            outer_params=etp.state_shardings(abstract.outer_params, mesh, within_slice=within_slice),
+            outer_opt_state=etp.state_shardings(abstract.outer_opt_state, mesh, within_slice=within_slice),
         )
         share = jax.tree.map(lambda b: jax.ShapeDtypeStruct((b.shape[0] // slices, *b.shape[1:]), b.dtype), batch)
         inner = [self._inner_program(functions, row, share, Mesh(mesh.devices[i:i + 1], mesh.axis_names),
@@ -160,8 +161,8 @@ class DiLoCoMode(et.AbstractTrainingMode):
         with self._lock:
             self._programs.clear()
 
-    def _inner_program(self, functions: et.StepFunctions, row: et.TrainState, share: PyTree, mesh: Mesh,
-                       within_slice: et.WithinSlice) -> Any:
+    def _inner_program(self, functions: etp.StepFunctions, row: etp.TrainState, share: PyTree, mesh: Mesh,
+                       within_slice: etp.WithinSlice) -> Any:
         """One slice's step over its row and its share of the batch, on its own devices (``mesh``, 1 slice), the
         row donated; compiled once per slice and share, whatever the layout."""
         key = (tuple(d.id for d in mesh.devices.flat), str(share), within_slice)
@@ -172,7 +173,7 @@ class DiLoCoMode(et.AbstractTrainingMode):
             return self._programs[key]
 
 
-def _inner_step(functions: et.StepFunctions) -> Callable[[list, PyTree, jax.Array], tuple[list, jax.Array]]:
+def _inner_step(functions: etp.StepFunctions) -> Callable[[list, PyTree, jax.Array], tuple[list, jax.Array]]:
     """The inner step of one slice: gradients over its share (averaged over its own devices), then the run's
     optimizer's update; the step's position moves on by the whole step's batch (``batch_size``). One function
     for every slice: JAX traces and lowers it once and compiles it for each slice's devices (four slices' first
@@ -186,13 +187,13 @@ def _inner_step(functions: et.StepFunctions) -> Callable[[list, PyTree, jax.Arra
     return inner
 
 
-def _compile_inner(inner: Callable, row: et.TrainState, share: PyTree, mesh: Mesh, within_slice: et.WithinSlice
+def _compile_inner(inner: Callable, row: etp.TrainState, share: PyTree, mesh: Mesh, within_slice: etp.WithinSlice
                    ) -> Any:
     """``inner`` (:func:`_inner_step`) compiled for one slice's devices (``mesh``), its row donated."""
-    rows = [NamedSharding(mesh, PartitionSpec(et.SLICE_AXIS, *s.spec))
-            for s in jax.tree.leaves(et.state_shardings(row, mesh, within_slice=within_slice))]
+    rows = [NamedSharding(mesh, PartitionSpec(etp.SLICE_AXIS, *s.spec))
+            for s in jax.tree.leaves(etp.state_shardings(row, mesh, within_slice=within_slice))]
     replicated = NamedSharding(mesh, PartitionSpec())
-    jitted = jax.jit(inner, donate_argnums=0, in_shardings=(rows, et.batch_sharding(mesh), replicated),
+    jitted = jax.jit(inner, donate_argnums=0, in_shardings=(rows, etp.batch_sharding(mesh), replicated),
                      out_shardings=(rows, replicated))
     abstract_rows = [jax.ShapeDtypeStruct((1, *a.shape), a.dtype) for a in jax.tree.leaves(row)]
     return jitted.lower(abstract_rows, share, jax.ShapeDtypeStruct((), jnp.int32)).compile()
@@ -247,7 +248,7 @@ def _assemble(parts: Sequence[jax.Array], mesh: Mesh, spec: PartitionSpec, like:
     row per slice of ``mesh``, shaped and typed like ``like``'s rows."""
     by_device = {shard.device: shard.data for part in parts for shard in part.addressable_shards}
     return jax.make_array_from_single_device_arrays(
-        (mesh.shape[et.SLICE_AXIS], *like.shape[1:]), NamedSharding(mesh, spec),
+        (mesh.shape[etp.SLICE_AXIS], *like.shape[1:]), NamedSharding(mesh, spec),
         [by_device[d] for d in mesh.devices.flat if d in by_device], dtype=like.dtype)
 
 
@@ -264,8 +265,8 @@ def _move_rows(array: jax.Array, mesh: Mesh, positions: Sequence[int], sharding:
     return _assemble(parts, sharding.mesh, sharding.spec, array)
 
 
-def _outer_params_at(replicas: et.TrainState, outer_params: Sequence[jax.Array], positions: Sequence[int]
-                     ) -> et.TrainState:
+def _outer_params_at(replicas: etp.TrainState, outer_params: Sequence[jax.Array], positions: Sequence[int]
+                     ) -> etp.TrainState:
     """``replicas`` (rows of host arrays) with the outer parameters in the rows at ``positions``."""
     if not positions:
         return replicas
@@ -310,16 +311,16 @@ class DiLoCoStep:
         return [i for i, program in enumerate(self.inner) if program is not None]
 
     def run(self, leaves: list[jax.Array], batch: PyTree, *, lr_scale: float, batch_size: int,
-            monitor: et.StepMonitor) -> tuple[list[jax.Array], jax.Array]:
+            monitor: etp.StepMonitor) -> tuple[list[jax.Array], jax.Array]:
         """Each slice's inner step on its own row and share of ``batch``; a slice lost before or during its
         program is dropped (its row goes with it) and the others go on. With fewer than ``min_slices`` left, the
-        step fails as a whole (:class:`~elastic_trainer.StepInterrupted`: the failure flow takes over).
+        step fails as a whole (:class:`~elastic_trainer.plugin.StepInterrupted`: the failure flow takes over).
 
         On a runtime of several processes, each runs its own slices' programs, and a step's end is its own
         programs' end: the processes meet only at the outer step (:meth:`boundary`), where a process lost
         meanwhile is found. The loss is the mean of this process's slices'."""
         rows, outer = leaves[:self.replica_leaves], leaves[self.replica_leaves:]
-        slices, own = self.mesh.shape[et.SLICE_AXIS], self.own
+        slices, own = self.mesh.shape[etp.SLICE_AXIS], self.own
         meets = jax.process_count() == 1  # one process: every slice's end is checked, as a step's end is
         # this process's slices' rows, before any is donated
         views = [list(v) for v in zip(*(self._rows(j, a) for j, a in enumerate(rows)), strict=True)]
@@ -344,12 +345,12 @@ class DiLoCoStep:
                 continue
             except Exception as error:  # noqa: BLE001 - not a slice's loss: the step fails as a whole
                 if started:
-                    raise et.StepInterrupted(error, leaves=None, loss=None) from error
+                    raise etp.StepInterrupted(error, leaves=None, loss=None) from error
                 raise
             made[i] = new
             losses.append(loss)
         if not made:  # every slice of this process lost: no row is left
-            raise et.StepInterrupted(lost, leaves=None, loss=None)
+            raise etp.StepInterrupted(lost, leaves=None, loss=None)
         kept = [i for i in range(slices) if i in made or i not in own]
         mesh = self.mesh if len(kept) == slices else Mesh(self.mesh.devices[kept], self.mesh.axis_names)
         new_rows = [_assemble([made[i][j] for i in sorted(made)], mesh, self.row_shardings[j].spec, rows[j])
@@ -386,7 +387,7 @@ class DiLoCoStep:
             self.scalars[key] = jax.device_put(np.int32(batch_size), program.input_shardings[0][2])
         return self.scalars[key]
 
-    def boundary(self, leaves: list[jax.Array], *, monitor: et.StepMonitor) -> list[jax.Array]:
+    def boundary(self, leaves: list[jax.Array], *, monitor: etp.StepMonitor) -> list[jax.Array]:
         """The outer step over every slice of the layout; the new leaves (the replicas' optimizer states, steps,
         keys and positions unchanged)."""
         rows, outer = leaves[:self.replica_leaves], leaves[self.replica_leaves:]

@@ -7,6 +7,7 @@ import time
 from typing import Any
 
 import elastic_trainer as et
+import elastic_trainer.plugin as etp
 
 EVENTS_FILE = "events.jsonl"
 
@@ -43,7 +44,7 @@ class EventLog:
         self._began["step"] = time.time()
 
     @et.hookimpl
-    def et_step_end(self, trainer: et.RunView, step: int) -> None:
+    def et_step_end(self, trainer: etp.RunView, step: int) -> None:
         """Record the step's span and the slices it ran on."""
         self._span("step", step=step, slices=list(trainer.slices))
 
@@ -68,10 +69,10 @@ class EventLog:
         self._span("restore", step=step, source=source)
 
     @et.hookimpl
-    def et_run_end(self, trainer: et.TrainerView, report: dict) -> None:
+    def et_run_end(self, trainer: etp.TrainerView, report: dict) -> None:
         """Add the report's failures, recoveries, resizes and failed checkpoint saves; write ``events.jsonl``
         to the run directory."""
-        self.events += et.report_events(report)
+        self.events += etp.report_events(report)
         self.events.sort(key=lambda event: event["time"])
         if trainer.run_dir is not None:
             trainer.run_dir.mkdir(parents=True, exist_ok=True)

@@ -5,9 +5,11 @@ from __future__ import annotations
 import warnings
 
 import elastic_trainer as et
+import elastic_trainer.plugin as etp
+from elastic_trainer.clusters import has_spares
 
 
-class HotSwap(et.AbstractStrategy):
+class HotSwap(etp.AbstractStrategy):
     """Go on at once with a spare in each lost slice's place (``cluster.spare_slices``): the same slice count,
     global batch and per-device batch, the state from a surviving replica, no step lost.
 
@@ -27,29 +29,29 @@ class HotSwap(et.AbstractStrategy):
 
     name = "hot_swap"
 
-    def __init__(self, max_retries: int = 10, retry_reset_steps: int = et.RetryBudget.DEFAULT_RESET_STEPS,
+    def __init__(self, max_retries: int = 10, retry_reset_steps: int = etp.RetryBudget.DEFAULT_RESET_STEPS,
                  compile_ahead: bool = True):
-        self.retries = et.RetryBudget(self.name, max_retries, retry_reset_steps)
+        self.retries = etp.RetryBudget(self.name, max_retries, retry_reset_steps)
         self.compile_ahead = compile_ahead
 
     @et.hookimpl
-    def et_run_start(self, trainer: et.TrainerView, state: et.TrainState, mode: et.AbstractTrainingMode) -> None:
+    def et_run_start(self, trainer: etp.TrainerView, state: etp.TrainState, mode: etp.AbstractTrainingMode) -> None:
         """Warn once when the cluster has no spare to swap in."""
-        if not et.has_spares(trainer.cluster):
+        if not has_spares(trainer.cluster):
             warnings.warn(f"hot_swap on a cluster without spares ({trainer.cluster.kind}) swaps in nothing: alone it "
                           "stops at the first failure; set cluster.spare_slices, or choose another strategy.",
                           et.SpareWarning, stacklevel=2)
 
     @et.hookimpl
-    def et_choose_recovery(self, trainer: et.RunView, failure: et.Failure) -> et.RecoveryPlan:
+    def et_choose_recovery(self, trainer: etp.RunView, failure: etp.Failure) -> etp.RecoveryPlan:
         """Go on at once with as many slices as were in use, spares standing in for the lost ones."""
         self.retries.spend(failure.step)
-        return et.RecoveryPlan(action="hot_swap", min_slices=len(trainer.slices))
+        return etp.RecoveryPlan(action="hot_swap", min_slices=len(trainer.slices))
 
     @et.hookimpl
-    def et_likely_layouts(self, trainer: et.TrainerView) -> list[list[int]]:
+    def et_likely_layouts(self, trainer: etp.TrainerView) -> list[list[int]]:
         """Every layout with one slice lost, which the trainer fills with a spare: where the next failure takes
         the run."""
         if not self.compile_ahead:
             return []
-        return et.one_slice_lost(trainer.slices)
+        return etp.one_slice_lost(trainer.slices)

@@ -7,6 +7,7 @@ import time
 from pathlib import Path
 
 import elastic_trainer as et
+import elastic_trainer.plugin as etp
 
 
 class AbstractMetricsSink(abc.ABC):
@@ -43,7 +44,7 @@ class AbstractMetricsSink(abc.ABC):
         """Flush and stop writing."""
 
     @et.hookimpl
-    def et_run_start(self, trainer: et.TrainerView) -> None:
+    def et_run_start(self, trainer: etp.TrainerView) -> None:
         """Open the sink."""
         self.open(trainer.run_dir)
 
@@ -53,7 +54,7 @@ class AbstractMetricsSink(abc.ABC):
         self._step_began = time.time()
 
     @et.hookimpl
-    def et_step_end(self, trainer: et.TrainerView, step: int, metrics: dict) -> None:
+    def et_step_end(self, trainer: etp.TrainerView, step: int, metrics: dict) -> None:
         """Write the step's loss, throughput and slices in use."""
         if step % self.every == 0:
             seconds = max(time.time() - self._step_began, 1e-9)

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import elastic_trainer as et
+import elastic_trainer.plugin as etp
+from elastic_trainer.clusters import mesh_slice_count
 
 
-class PauseResume(et.AbstractStrategy):
+class PauseResume(etp.AbstractStrategy):
     """Pause until every slice is healthy again, then resume on the full mesh.
 
     :param timeout_s: how long to wait for the slices (MaxText's
@@ -21,18 +23,18 @@ class PauseResume(et.AbstractStrategy):
     name = "pause_resume"
 
     def __init__(self, timeout_s: float = 300.0, max_retries: int = 10,
-                 retry_reset_steps: int = et.RetryBudget.DEFAULT_RESET_STEPS):
+                 retry_reset_steps: int = etp.RetryBudget.DEFAULT_RESET_STEPS):
         if timeout_s < 0:
             raise et.ConfigError(f"strategy.timeout_s must be at least 0, got {timeout_s}.")
         self.timeout_s = timeout_s
-        self.retries = et.RetryBudget(self.name, max_retries, retry_reset_steps)
+        self.retries = etp.RetryBudget(self.name, max_retries, retry_reset_steps)
 
     @et.hookimpl
-    def et_choose_recovery(self, trainer: et.RunView, failure: et.Failure) -> et.RecoveryPlan:
+    def et_choose_recovery(self, trainer: etp.RunView, failure: etp.Failure) -> etp.RecoveryPlan:
         """Wait up to ``timeout_s`` for every slice, and need all of them back (or spares in their place)."""
         self.retries.spend(failure.step)
-        return et.RecoveryPlan(
+        return etp.RecoveryPlan(
             action="pause_resume",
             wait_for_all_s=self.timeout_s,
-            min_slices=et.mesh_slice_count(trainer.cluster),
+            min_slices=mesh_slice_count(trainer.cluster),
         )

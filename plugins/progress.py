@@ -8,6 +8,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
 import elastic_trainer as et
+import elastic_trainer.plugin as etp
 
 
 class ProgressPlugin:
@@ -25,7 +26,7 @@ class ProgressPlugin:
         self._progress: Progress | None = None
 
     @et.hookimpl
-    def et_run_start(self, trainer: et.TrainerView) -> None:
+    def et_run_start(self, trainer: etp.TrainerView) -> None:
         """Open the bar (or plan the lines) for ``trainer.steps`` steps."""
         self._total = trainer.steps
         self._batch = trainer.global_batch_size

@@ -6,17 +6,18 @@ import numpy as np
 from rich.console import Console
 
 import elastic_trainer as et
+import elastic_trainer.plugin as etp
 
 SAMPLES_FILE = "samples.npz"
 
 
 @et.hookimpl
-def et_run_end(trainer: et.TrainerView, report: dict) -> None:
+def et_run_end(trainer: etp.TrainerView, report: dict) -> None:
     """Write the report and the sample ledger (when the trainer has a run directory); print the summary."""
     written = None
     if trainer.run_dir is not None:
-        written = et.write_report(trainer.run_dir, report)
+        written = etp.write_report(trainer.run_dir, report)
         np.savez(trainer.run_dir / SAMPLES_FILE, **trainer.ledger.to_arrays())
-    Console().print(et.summary_table(report))
+    Console().print(etp.summary_table(report))
     if written is not None:
         print(f"report: {written}")

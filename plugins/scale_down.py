@@ -5,12 +5,14 @@ from __future__ import annotations
 import math
 
 import elastic_trainer as et
+import elastic_trainer.plugin as etp
+from elastic_trainer.clusters import mesh_slice_count
 
 BATCH_POLICIES = ("keep_global", "keep_per_device")
 LR_SCALINGS = ("linear", "sqrt", "none")
 
 
-class ScaleDown(et.AbstractStrategy):
+class ScaleDown(etp.AbstractStrategy):
     """Continue on the live slices as soon as a slice is lost.
 
     :param min_slice_count: the fewest slices to train on (MaxText's
@@ -55,7 +57,7 @@ class ScaleDown(et.AbstractStrategy):
         batch_policy: str = "keep_global",
         lr_scaling: str = "linear",
         max_retries: int = 10,
-        retry_reset_steps: int = et.RetryBudget.DEFAULT_RESET_STEPS,
+        retry_reset_steps: int = etp.RetryBudget.DEFAULT_RESET_STEPS,
         compile_ahead: bool = True,
         drop_stragglers: bool = False,
         drop_for_steps: int = 20,
@@ -73,16 +75,16 @@ class ScaleDown(et.AbstractStrategy):
         self.scale_up = scale_up
         self.batch_policy = batch_policy
         self.lr_scaling = lr_scaling
-        self.retries = et.RetryBudget(self.name, max_retries, retry_reset_steps)
+        self.retries = etp.RetryBudget(self.name, max_retries, retry_reset_steps)
         self.compile_ahead = compile_ahead
-        self.drops = et.StragglerDrops(enabled=drop_stragglers, drop_for_steps=drop_for_steps)
+        self.drops = etp.StragglerDrops(enabled=drop_stragglers, drop_for_steps=drop_for_steps)
         self._step = 0  # steps completed, as of the last step's end
 
     @et.hookimpl
-    def et_run_start(self, trainer: et.TrainerView, state: et.TrainState, mode: et.AbstractTrainingMode) -> None:
+    def et_run_start(self, trainer: etp.TrainerView, state: etp.TrainState, mode: etp.AbstractTrainingMode) -> None:
         """Check that the cluster has enough slices to ever satisfy ``min_slice_count``, and, under
         ``keep_global``, that the global batch divides over every device count the run may scale down to."""
-        slices = et.mesh_slice_count(trainer.cluster)
+        slices = mesh_slice_count(trainer.cluster)
         if self.min_slice_count > slices:
             raise et.ConfigError(
                 f"strategy.min_slice_count ({self.min_slice_count}) is above the cluster's {slices} slices."
@@ -92,11 +94,11 @@ class ScaleDown(et.AbstractStrategy):
                                 slice_counts=range(self.min_slice_count, slices + 1))
 
     @et.hookimpl
-    def et_choose_recovery(self, trainer: et.RunView, failure: et.Failure) -> et.RecoveryPlan:
+    def et_choose_recovery(self, trainer: etp.RunView, failure: etp.Failure) -> etp.RecoveryPlan:
         """Continue now on whatever is healthy; with fewer than ``min_slice_count`` slices healthy,
         wait up to ``timeout_s`` for that many first."""
         self.retries.spend(failure.step)
-        return et.RecoveryPlan(
+        return etp.RecoveryPlan(
             action="scale_down",
             min_slices=self.min_slice_count,
             wait_for_min_s=self.timeout_s,
@@ -105,17 +107,17 @@ class ScaleDown(et.AbstractStrategy):
         )
 
     @et.hookimpl
-    def et_likely_layouts(self, trainer: et.TrainerView) -> list[list[int]]:
+    def et_likely_layouts(self, trainer: etp.TrainerView) -> list[list[int]]:
         """Every layout with one slice fewer: where the next failure will take the run."""
-        return et.one_slice_lost(trainer.slices, at_least=self.min_slice_count) if self.compile_ahead else []
+        return etp.one_slice_lost(trainer.slices, at_least=self.min_slice_count) if self.compile_ahead else []
 
     @et.hookimpl
-    def et_step_end(self, trainer: et.TrainerView, step: int, metrics: dict) -> None:
+    def et_step_end(self, trainer: etp.TrainerView, step: int, metrics: dict) -> None:
         """Note the steps completed, for how long a dropped straggler stays out."""
         self._step = step
 
     @et.hookimpl
-    def et_propose_resize(self, trainer: et.TrainerView, healthy_slices: list[int]) -> list[int] | None:
+    def et_propose_resize(self, trainer: etp.TrainerView, healthy_slices: list[int]) -> list[int] | None:
         """Drop the stragglers in use (``drop_stragglers``); else take back every healthy slice when more are
         healthy than in use, less the dropped stragglers whose time out is not over."""
         return self.drops.propose(trainer, healthy_slices, step=self._step, min_slices=self.min_slice_count,

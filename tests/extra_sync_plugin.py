@@ -6,6 +6,7 @@ fields."""
 import jax
 
 import elastic_trainer as et
+from elastic_trainer.clusters import SyncCall
 
 EXTRA_CALL_AT_STEP = 4
 
@@ -19,5 +20,5 @@ class ExtraSyncOnProcess1:
     @et.hookimpl
     def et_step_end(self, trainer, step, metrics):
         if step == EXTRA_CALL_AT_STEP and jax.process_index() == 1:
-            trainer.cluster.synchronize(et.SyncCall.AWAIT_RETURNS, trainer.slices,
+            trainer.cluster.synchronize(SyncCall.AWAIT_RETURNS, trainer.slices,
                                         since=trainer.cluster.incarnations())

@@ -5,6 +5,7 @@ import jax
 from rich.console import Console
 
 import elastic_trainer as et
+import elastic_trainer.plugin as etp
 from elastic_trainer_plugins import failures
 from elastic_trainer_plugins.chaos import Chaos
 from elastic_trainer_plugins.progress import ProgressPlugin
@@ -20,7 +21,7 @@ def test_slice_loss_codes_are_elastic_and_everything_else_fatal():
 def test_progress_bar_on_a_terminal_shows_step_loss_and_throughput(tiny_trainer_kwargs):
     out = io.StringIO()
     console = Console(file=out, force_terminal=True, width=120)
-    manager = et.make_plugin_manager(load_entry_points=False)
+    manager = etp.make_plugin_manager(load_entry_points=False)
     manager.unregister(name="elastic_trainer_plugins.progress:ProgressPlugin")
     manager.register(ProgressPlugin(console, refresh_s=0.0))
     et.Trainer(**tiny_trainer_kwargs(steps=3, plugin_manager=manager)).fit()
@@ -29,7 +30,7 @@ def test_progress_bar_on_a_terminal_shows_step_loss_and_throughput(tiny_trainer_
 
 
 class RecordingCluster:
-    protected_slices = ()  # as et.AbstractInjectableCluster declares
+    protected_slices = ()  # as elastic_trainer.clusters.AbstractInjectableCluster declares
 
     def __init__(self):
         self.lost = []

@@ -8,7 +8,8 @@ from test_cli import run_cli
 from test_fault_matrix import CLI_TINY, processes
 from test_rejoin import FakeClient
 
-import elastic_trainer as et
+import elastic_trainer.plugin as etp
+from elastic_trainer.clusters import SyncCall
 from elastic_trainer_plugins import failures
 from elastic_trainer.clusters.multicontroller._call_order import CallOrder
 
@@ -27,8 +28,8 @@ def agree(orders, number, calls):
 
 def test_processes_that_make_the_same_calls_in_the_same_order_go_on():
     orders = call_orders(FakeClient(), 3)
-    calls = [et.SyncCall.RUN_START, et.SyncCall.STEP_END, et.SyncCall.STEP_END, et.SyncCall.SAVE_START,
-             et.SyncCall.SAVE_END, et.SyncCall.STEP_END]
+    calls = [SyncCall.RUN_START, SyncCall.STEP_END, SyncCall.STEP_END, SyncCall.SAVE_START,
+             SyncCall.SAVE_END, SyncCall.STEP_END]
     for number, call in enumerate(calls, start=1):
         assert agree(orders, number, [call] * 3) == [None] * 3
 
@@ -36,14 +37,14 @@ def test_processes_that_make_the_same_calls_in_the_same_order_go_on():
 def test_a_process_that_skips_a_call_stops_both_with_one_sentence_naming_the_two_calls():
     client = FakeClient()
     first, second = call_orders(client, 2)
-    agree([first, second], 1, [et.SyncCall.RUN_START] * 2)
+    agree([first, second], 1, [SyncCall.RUN_START] * 2)
     # process 1 skips the save's start: its next call is the save's end, under the same number as process 0's start
-    first.note(2, et.SyncCall.SAVE_START)
-    second.note(2, et.SyncCall.SAVE_END)
-    with pytest.raises(et.SyncMismatchError) as on_first:
-        first.check(2, et.SyncCall.SAVE_START, live=[0, 1])
-    with pytest.raises(et.SyncMismatchError) as on_second:
-        second.check(2, et.SyncCall.SAVE_END, live=[0, 1])
+    first.note(2, SyncCall.SAVE_START)
+    second.note(2, SyncCall.SAVE_END)
+    with pytest.raises(etp.SyncMismatchError) as on_first:
+        first.check(2, SyncCall.SAVE_START, live=[0, 1])
+    with pytest.raises(etp.SyncMismatchError) as on_second:
+        second.check(2, SyncCall.SAVE_END, live=[0, 1])
     assert str(on_first.value).startswith(
         "process 0 made synchronization call 2 at a checkpoint save's start but process 1 made call 2 at a "
         "checkpoint save's end there:")
@@ -56,28 +57,28 @@ def test_a_process_that_skips_a_call_stops_both_with_one_sentence_naming_the_two
 def test_a_live_process_behind_by_a_call_is_named_with_the_call_it_made_last():
     client = FakeClient()
     first, second = call_orders(client, 2)
-    agree([first, second], 1, [et.SyncCall.STEP_END] * 2)
-    agree([first, second], 2, [et.SyncCall.STEP_END] * 2)
-    first.note(3, et.SyncCall.STEP_END)  # process 1 made one call fewer: its note for this slot is call 1's
-    with pytest.raises(et.SyncMismatchError, match="but process 1 made call 1 at a step's end there"):
-        first.check(3, et.SyncCall.STEP_END, live=[0, 1])
+    agree([first, second], 1, [SyncCall.STEP_END] * 2)
+    agree([first, second], 2, [SyncCall.STEP_END] * 2)
+    first.note(3, SyncCall.STEP_END)  # process 1 made one call fewer: its note for this slot is call 1's
+    with pytest.raises(etp.SyncMismatchError, match="but process 1 made call 1 at a step's end there"):
+        first.check(3, SyncCall.STEP_END, live=[0, 1])
 
 
 def test_a_process_with_no_note_at_all_is_said_to_have_made_none():
     (first, _) = call_orders(FakeClient(), 2)
-    first.note(1, et.SyncCall.RUN_START)
-    with pytest.raises(et.SyncMismatchError, match="but process 1 made none there"):
-        first.check(1, et.SyncCall.RUN_START, live=[0, 1])
+    first.note(1, SyncCall.RUN_START)
+    with pytest.raises(etp.SyncMismatchError, match="but process 1 made none there"):
+        first.check(1, SyncCall.RUN_START, live=[0, 1])
 
 
 def test_a_mismatch_is_fatal_however_it_is_worded():
     """The run stops: the built-in classifier finds no slice-loss status in the message."""
     client = FakeClient()
     first, second = call_orders(client, 2)
-    first.note(1, et.SyncCall.STEP_END)
-    second.note(1, et.SyncCall.AWAIT_RETURNS)
-    with pytest.raises(et.SyncMismatchError) as mismatch:
-        first.check(1, et.SyncCall.STEP_END, live=[0, 1])
+    first.note(1, SyncCall.STEP_END)
+    second.note(1, SyncCall.AWAIT_RETURNS)
+    with pytest.raises(etp.SyncMismatchError) as mismatch:
+        first.check(1, SyncCall.STEP_END, live=[0, 1])
     assert not failures.et_classify_failure(error=mismatch.value, step=1, phase="train_step").elastic
 
 

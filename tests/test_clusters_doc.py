@@ -7,6 +7,10 @@ from pathlib import Path
 import pytest
 
 import elastic_trainer as et
+from elastic_trainer.clusters import (
+    AbstractCluster, AbstractInjectableCluster, AbstractMultiControllerCluster, AbstractProcessInjectableCluster,
+    AbstractRejoinCluster, AbstractSpareCluster, AbstractTimedCluster,
+)
 from elastic_trainer.clusters.multicontroller._platform import PLATFORM_LAYERS, PlatformLayer
 
 DOC = Path(__file__).parents[1] / "docs" / "clusters.md"
@@ -20,13 +24,13 @@ def public_members(cls, *, below=object):
 
 
 @pytest.mark.parametrize(("cls", "below"), [
-    (et.AbstractCluster, object),
-    (et.AbstractTimedCluster, et.AbstractCluster),
-    (et.AbstractMultiControllerCluster, et.AbstractCluster),
-    (et.AbstractRejoinCluster, et.AbstractMultiControllerCluster),
-    (et.AbstractInjectableCluster, et.AbstractCluster),
-    (et.AbstractProcessInjectableCluster, et.AbstractInjectableCluster),
-    (et.AbstractSpareCluster, et.AbstractCluster),
+    (AbstractCluster, object),
+    (AbstractTimedCluster, AbstractCluster),
+    (AbstractMultiControllerCluster, AbstractCluster),
+    (AbstractRejoinCluster, AbstractMultiControllerCluster),
+    (AbstractInjectableCluster, AbstractCluster),
+    (AbstractProcessInjectableCluster, AbstractInjectableCluster),
+    (AbstractSpareCluster, AbstractCluster),
     (PlatformLayer, object),
 ])
 def test_every_member_is_named(cls, below):
@@ -48,8 +52,8 @@ def test_every_linked_file_exists():
 
 
 def test_the_core_is_small_and_capabilities_are_asked_for_with_isinstance():
-    assert public_members(et.AbstractCluster) == [
+    assert public_members(AbstractCluster) == [
         "configure_jax", "describe", "healthy_slices", "incarnations", "slice_devices", "synchronize", "kind"]
-    assert not isinstance(et.SimulatedCluster(slices=2, devices_per_slice=1), et.AbstractMultiControllerCluster)
-    assert issubclass(et.MultiprocessCluster, et.AbstractRejoinCluster)
-    assert issubclass(et.MultiprocessCluster, et.AbstractTimedCluster)
+    assert not isinstance(et.SimulatedCluster(slices=2, devices_per_slice=1), AbstractMultiControllerCluster)
+    assert issubclass(et.MultiprocessCluster, AbstractRejoinCluster)
+    assert issubclass(et.MultiprocessCluster, AbstractTimedCluster)

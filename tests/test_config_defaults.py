@@ -77,10 +77,11 @@ SHARED_DEFAULTS = [  # (schema, the callable it configures, the fields that take
 
 
 def target(cls: type) -> str:
-    """The import path Hydra's ``_target_`` names ``cls`` by: its public alias in ``elastic_trainer`` if it has one."""
-    if getattr(et, cls.__name__, None) is cls:
-        return f"elastic_trainer.{cls.__name__}"
-    return f"{cls.__module__}.{cls.__qualname__}"
+    """The import path Hydra's ``_target_`` names ``cls`` by: the one public module whose ``__all__`` holds it."""
+    paths = [f"{module.__name__}.{cls.__name__}" for module in (et, et.strategies, et.chaos, et.loggers)
+             if cls.__name__ in module.__all__ and getattr(module, cls.__name__) is cls]
+    assert len(paths) == 1, f"{cls.__qualname__} has {len(paths)} public import paths: {paths}"
+    return paths[0]
 
 
 def constructor_defaults(cls: type, left_out: typing.Collection[str] = ()) -> dict[str, typing.Any]:

@@ -15,6 +15,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 from test_fault_matrix import named_arrays
 
 import elastic_trainer as et
+import elastic_trainer.plugin as etp
 from elastic_trainer._stragglers import StragglerRule
 from elastic_trainer_plugins.chaos import Chaos
 from elastic_trainer_plugins.diloco import DiLoCo
@@ -85,7 +86,7 @@ def test_slice_2_lost_for_good_at_step_35_drops_its_replica_and_stalls_no_one(ti
             failure["samples_skipped"], failure["slices_after"]) == (35, [2], "drop_replica", 0, 6 * 4, 3)
     # no recovery event; a straggler event may come too: each slice's inner step is timed for real, one slice after
     # another, and on a loaded machine one of them can be found slow (a CI run saw slice 0 4.3x the others)
-    events = [event["event"] for event in et.report_events(report) if event["event"] != "straggler"]
+    events = [event["event"] for event in etp.report_events(report) if event["event"] != "straggler"]
     assert events == ["failure", "resize"]
     assert {k: report["badput_s"][k] for k in ("detection", "waiting_for_slices", "checkpoint_restore")} == {
         "detection": 0.0, "waiting_for_slices": 0.0, "checkpoint_restore": 0.0}
@@ -294,7 +295,7 @@ def test_a_slice_placed_back_mid_phase_starts_from_the_outer_parameters_so_no_re
     the first row held, whose training the state then carries."""
     mode = DiLoCoMode(inner_steps=4, outer_optimizer=optax.sgd(0.7), slices=3, limit=4, steps=8)
     params = {"w": np.zeros(3, np.float32), "count": np.zeros((), np.int32)}
-    state = mode.init(jax.tree.map(np.asarray, et.init_train_state(params, optax.adam(0.1), key=jax.random.key(0))))
+    state = mode.init(jax.tree.map(np.asarray, etp.init_train_state(params, optax.adam(0.1), key=jax.random.key(0))))
     state = jax.tree.map(lambda a: np.asarray(a).copy(), state)  # writable host copies
     state.replicas.params["w"][:] = [[0.0] * 3, [1.0] * 3, [3.0] * 3]  # each replica's own progress
     state.replicas.opt_state[0].mu["w"][:] = [[10.0] * 3, [11.0] * 3, [13.0] * 3]
@@ -310,10 +311,10 @@ def test_a_slice_placed_back_mid_phase_starts_from_the_outer_parameters_so_no_re
 
     # the same on devices: slice 2 taken into a layout of slices 0, 1 and 3 (a recovery that finds it back)
     devices = np.asarray(jax.devices()[:8]).reshape(4, 2)
-    before, after = et.make_mesh(devices[[0, 1, 3]]), et.make_mesh(devices)
+    before, after = etp.make_mesh(devices[[0, 1, 3]]), etp.make_mesh(devices)
 
     def on(mesh, tree):
-        rows = jax.tree.map(lambda _: NamedSharding(mesh, PartitionSpec(et.SLICE_AXIS)), tree.replicas)
+        rows = jax.tree.map(lambda _: NamedSharding(mesh, PartitionSpec(etp.SLICE_AXIS)), tree.replicas)
         return DiLoCoState(rows, *jax.tree.map(lambda _: NamedSharding(mesh, PartitionSpec()),
                                                (tree.outer_params, tree.outer_opt_state)))
 

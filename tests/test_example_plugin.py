@@ -10,6 +10,7 @@ import pytest
 from test_cli_recovery import TINY, failure_at, report_of
 
 import elastic_trainer as et
+import elastic_trainer.plugin as etp
 from elastic_trainer import _plugins
 from elastic_trainer.launch._cli import check_group_choices
 
@@ -65,9 +66,9 @@ def test_list_plugins_names_the_distribution_of_the_observer_and_the_strategy(ex
 
 def test_the_allow_list_selects_the_example_by_its_entry_point_name(monkeypatch):
     monkeypatch.setenv(_plugins.LOAD_PLUGINS_ENV, "step_counter")
-    assert et.make_plugin_manager(load_entry_points=True).get_plugin("step_counter") is not None
+    assert etp.make_plugin_manager(load_entry_points=True).get_plugin("step_counter") is not None
     monkeypatch.setenv(_plugins.LOAD_PLUGINS_ENV, "")
-    assert et.make_plugin_manager(load_entry_points=True).get_plugin("step_counter") is None
+    assert etp.make_plugin_manager(load_entry_points=True).get_plugin("step_counter") is None
 
 
 def test_the_plugin_strategy_is_a_group_option_and_a_misspelling_suggests_it():
@@ -107,10 +108,10 @@ class FakeTrainer:
 def test_quorum_plans_for_the_quorum_and_logs_its_decision(caplog, quorum, needed, decision):
     from elastic_trainer_example_plugin.quorum import Quorum
 
-    failure = et.Failure(
+    failure = etp.Failure(
         error=RuntimeError("DATA_LOSS"), step=6, phase="train_step", elastic=True, kind="slice_lost", slices=(1,)
     )
     with caplog.at_level(logging.INFO):
         plan = Quorum(quorum).et_choose_recovery(trainer=FakeTrainer(), failure=failure)
-    assert plan == et.RecoveryPlan(action="quorum", min_slices=needed)
+    assert plan == etp.RecoveryPlan(action="quorum", min_slices=needed)
     assert f"quorum: step 7 lost slice(s) [1]; 3 of 4 slices healthy, quorum {needed}: {decision}." in caplog.text

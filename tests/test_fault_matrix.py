@@ -57,6 +57,7 @@ from test_cli_recovery import report_of
 from test_config import train_in_process
 
 import elastic_trainer as et
+import elastic_trainer.plugin as etp
 from elastic_trainer.launch._cli import EXIT_TRAINING_STOPPED
 from elastic_trainer._report import merge_worker_reports
 from elastic_trainer.launch._supervisor import RESTART_EXIT_CODE
@@ -230,7 +231,7 @@ class Worker:
 
     trainer: et.Trainer
     recorder: Recorder
-    state: et.TrainState | None
+    state: etp.TrainState | None
     report: dict
     stopped: et.TrainingStopped | None
 
@@ -239,7 +240,7 @@ class Worker:
         """The exit status the CLI gives this outcome."""
         if self.stopped is None:
             return 0
-        return RESTART_EXIT_CODE if isinstance(self.stopped, et.RestartRequested) else EXIT_TRAINING_STOPPED
+        return RESTART_EXIT_CODE if isinstance(self.stopped, etp.RestartRequested) else EXIT_TRAINING_STOPPED
 
 
 def run_worker(make, run_dir: Path, *, strategy, plugins, resume: bool, cluster=None) -> Worker:

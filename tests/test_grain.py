@@ -17,6 +17,7 @@ import optax
 import pytest
 
 import elastic_trainer as et
+import elastic_trainer.plugin as etp
 from elastic_trainer._report import merge_worker_reports
 from elastic_trainer_plugins.chaos import Chaos
 from elastic_trainer_plugins.full_restart import FullRestart
@@ -68,7 +69,7 @@ def trainer(**overrides) -> et.Trainer:
     return et.Trainer(**(kwargs | overrides))
 
 
-def params_of(state: et.TrainState) -> list[np.ndarray]:
+def params_of(state: etp.TrainState) -> list[np.ndarray]:
     return [np.asarray(leaf) for leaf in jax.tree.leaves(eqx.filter(state.params, eqx.is_array))]
 
 
@@ -107,13 +108,13 @@ def test_a_lost_slice_under_scale_down_trains_every_sample_once_and_ends_as_a_fa
     assert_params_close(params_of(state), failure_free())
 
 
-def worker(run_dir: Path, *, resume: bool) -> tuple[et.Trainer, et.TrainState | None, dict]:
+def worker(run_dir: Path, *, resume: bool) -> tuple[et.Trainer, etp.TrainState | None, dict]:
     """One worker process of a full restart, as the supervisor runs it: the same run directory and checkpoints."""
     run = trainer(strategy=FullRestart(max_restarts=1), plugins=[lose_slice_1()], run_dir=run_dir, resume=resume,
                   checkpointer=et.Checkpointer(run_dir / "checkpoints", period=PERIOD, async_save=False))
     try:
         state, report = run.fit()
-    except et.RestartRequested as restart:
+    except etp.RestartRequested as restart:
         state, report = None, restart.report
     finally:
         run.checkpointer.close()

@@ -13,6 +13,7 @@ import pytest
 from test_logger import scalars
 
 import elastic_trainer as et
+from elastic_trainer.clusters import mesh_slice_count
 from elastic_trainer_plugins.chaos import Chaos
 from elastic_trainer_plugins.fallback import Fallback
 from elastic_trainer_plugins.full_restart import FullRestart
@@ -173,7 +174,7 @@ def test_spares_a_strategy_never_takes_in_are_said_once(tiny_trainer_kwargs, str
 
 def test_spares_are_kept_out_of_the_first_mesh_and_named_in_the_report(tiny_trainer_kwargs):
     spares = cluster(2, spares=2)
-    assert et.mesh_slice_count(spares) == 2 and len(spares.slice_devices()) == 4
+    assert mesh_slice_count(spares) == 2 and len(spares.slice_devices()) == 4
     assert spares.describe() == {"kind": "simulated", "slices": 2, "devices_per_slice": 1, "spare_slices": 2}
     with pytest.raises(et.ConfigError, match="cluster.spare_slices must be at least 0, got -1"):
         cluster(2, spares=-1)

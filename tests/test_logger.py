@@ -8,6 +8,7 @@ from test_cli import run_cli
 from test_cli_recovery import TINY, failure_at
 
 import elastic_trainer as et
+import elastic_trainer.plugin as etp
 from elastic_trainer_plugins.metrics import TensorBoard
 
 
@@ -31,7 +32,7 @@ def test_the_event_file_holds_loss_throughput_slices_goodput_and_each_recovery(t
     (failure,) = report["failures"]
     assert written["failures/recovery_s"] == [(8, pytest.approx(failure["recovery_s"], rel=1e-6))]
     assert written["failures/lost_steps"] == [(8, 0)]
-    assert set(written) >= {f"badput/{category}_s" for category in et.BADPUT_CATEGORIES}
+    assert set(written) >= {f"badput/{category}_s" for category in etp.BADPUT_CATEGORIES}
 
 
 def test_a_bad_period_is_one_sentence():

@@ -8,11 +8,12 @@ import pytest
 from jax.sharding import PartitionSpec as P
 
 import elastic_trainer as et
+import elastic_trainer.plugin as etp
 from elastic_trainer._mesh import batch_sharding, keep_slices, move_replica, state_shardings
 
 
 def mesh_of(slices, devices_per_slice):
-    return et.SimulatedCluster(slices, devices_per_slice), et.make_mesh(
+    return et.SimulatedCluster(slices, devices_per_slice), etp.make_mesh(
         et.SimulatedCluster(slices, devices_per_slice).slice_devices()
     )
 
@@ -43,7 +44,7 @@ def test_a_replica_spreads_onto_a_spares_devices_keeping_the_survivors_buffers()
     0, 2 and the spare 3: the survivors' devices keep their very buffers, the spare's get copies of the shards of
     the same index, and every value is the original's."""
     devices = et.SimulatedCluster(3, 2, spare_slices=1).slice_devices()
-    survivors, swapped = et.make_mesh([devices[s] for s in (0, 2)]), et.make_mesh([devices[s] for s in (0, 2, 3)])
+    survivors, swapped = etp.make_mesh([devices[s] for s in (0, 2)]), etp.make_mesh([devices[s] for s in (0, 2, 3)])
     state = {"w": jnp.arange(24.0).reshape(3, 8), "key": jax.random.key(7)}
     held = jax.device_put(state, state_shardings(state, survivors, within_slice="sharded"))
     spread_out = move_replica(held, survivors, [0, 1], state_shardings(state, swapped, within_slice="sharded"))
@@ -69,13 +70,13 @@ def test_a_replica_moves_in_one_pass_from_the_surviving_slices_alone(within_slic
     cluster = et.SimulatedCluster(3, 2, spare_slices=1)
     devices = cluster.slice_devices()
     survivors = [s for s in range(3) if s != lost]
-    before, after = et.make_mesh(devices[:3]), et.make_mesh([devices[s] for s in (*survivors, 3)])
+    before, after = etp.make_mesh(devices[:3]), etp.make_mesh([devices[s] for s in (*survivors, 3)])
     state = {"w": jnp.arange(24.0).reshape(3, 8), "odd": jnp.arange(15.0).reshape(3, 5), "step": jnp.int32(7)}
     held = cluster.surviving(jax.device_put(state, state_shardings(state, before, within_slice=within_slice)), [lost])
     shardings = state_shardings(state, after, within_slice=within_slice)
     moved = move_replica(held, before, survivors, shardings)
     on_survivors = keep_slices(held, before, survivors)
-    in_two_passes = move_replica(on_survivors, et.make_mesh([devices[s] for s in survivors]), [0, 1], shardings)
+    in_two_passes = move_replica(on_survivors, etp.make_mesh([devices[s] for s in survivors]), [0, 1], shardings)
     for name in state:
         assert moved[name].sharding == shardings[name]
         kept = {shard.device: shard.data.unsafe_buffer_pointer() for shard in held[name].addressable_shards

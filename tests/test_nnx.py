@@ -14,6 +14,7 @@ import pytest
 from flax import nnx
 
 import elastic_trainer as et
+import elastic_trainer.plugin as etp
 from elastic_trainer_plugins.chaos import Chaos
 from elastic_trainer_plugins.scale_down import ScaleDown
 
@@ -65,7 +66,7 @@ def named(model: et.NnxModel) -> dict[str, np.ndarray]:
             for path, leaf in jax.tree_util.tree_flatten_with_path(model.params)[0]}
 
 
-def params_of(state: et.TrainState) -> dict[str, np.ndarray]:
+def params_of(state: etp.TrainState) -> dict[str, np.ndarray]:
     return named(state.params)
 
 
@@ -75,7 +76,7 @@ def assert_params_close(actual: dict[str, np.ndarray], expected: dict[str, np.nd
         np.testing.assert_allclose(actual[name], expected[name], rtol=1e-5, atol=1e-6, err_msg=name)
 
 
-def failure_free() -> tuple[dict[str, np.ndarray], et.TrainState]:
+def failure_free() -> tuple[dict[str, np.ndarray], etp.TrainState]:
     if "run" not in _cache:
         state, _ = trainer().fit()
         _cache["run"] = params_of(state), state

@@ -6,20 +6,21 @@ import numpy as np
 import pytest
 
 import elastic_trainer as et
+import elastic_trainer.plugin as etp
 from elastic_trainer import _plugins
 from elastic_trainer.launch._cli import main
 
 
 def test_built_ins_are_registered_by_name():
-    manager = et.make_plugin_manager(load_entry_points=False)
-    for name in et.DEFAULT_PLUGINS:
+    manager = etp.make_plugin_manager(load_entry_points=False)
+    for name in etp.DEFAULT_PLUGINS:
         assert manager.get_plugin(name) is not None, name
 
 
 def test_entry_point_plugins_are_loaded_by_name(monkeypatch):
     ep = importlib.metadata.EntryPoint(name="observer", value="json", group="elastic_trainer")
     monkeypatch.setattr(_plugins.importlib.metadata, "entry_points", lambda group: [ep])
-    manager = et.make_plugin_manager(load_entry_points=True)
+    manager = etp.make_plugin_manager(load_entry_points=True)
     assert manager.get_plugin("observer").__name__ == "json"
 
 
@@ -27,16 +28,16 @@ def test_plugin_that_fails_to_import_is_named(monkeypatch):
     ep = importlib.metadata.EntryPoint(name="broken", value="no_such_module_xyz", group="elastic_trainer")
     monkeypatch.setattr(_plugins.importlib.metadata, "entry_points", lambda group: [ep])
     with pytest.raises(et.PluginError, match=r"plugin 'broken' \(no_such_module_xyz\) failed to import"):
-        et.make_plugin_manager(load_entry_points=True)
+        etp.make_plugin_manager(load_entry_points=True)
 
 
 def test_autoload_follows_the_environment(monkeypatch):
     calls = []
     monkeypatch.setattr(_plugins.importlib.metadata, "entry_points", lambda group: calls.append(group) or [])
-    et.make_plugin_manager()
+    etp.make_plugin_manager()
     assert calls == []  # conftest sets ELASTIC_TRAINER_DISABLE_PLUGIN_AUTOLOAD
     monkeypatch.delenv(_plugins.DISABLE_AUTOLOAD_ENV)
-    et.make_plugin_manager()
+    etp.make_plugin_manager()
     assert calls == ["elastic_trainer"]
 
 
@@ -66,9 +67,9 @@ def two_entry_points(monkeypatch):
 def test_allow_list_loads_only_the_entry_points_it_names(monkeypatch, allowed, loaded):
     two_entry_points(monkeypatch)
     monkeypatch.setenv(_plugins.LOAD_PLUGINS_ENV, allowed)
-    manager = et.make_plugin_manager(load_entry_points=True)
+    manager = etp.make_plugin_manager(load_entry_points=True)
     assert {name for name in ("observer", "other") if manager.get_plugin(name)} == loaded
-    assert all(manager.get_plugin(name) for name in et.DEFAULT_PLUGINS)
+    assert all(manager.get_plugin(name) for name in etp.DEFAULT_PLUGINS)
 
 
 def test_allow_list_naming_a_plugin_that_is_not_installed_is_an_error(monkeypatch):
@@ -76,7 +77,7 @@ def test_allow_list_naming_a_plugin_that_is_not_installed_is_an_error(monkeypatc
     monkeypatch.setenv(_plugins.LOAD_PLUGINS_ENV, "observer,obsrever")
     message = r"names 'obsrever', which is not an installed plugin; installed: observer, other\."
     with pytest.raises(et.PluginError, match=message):
-        et.make_plugin_manager(load_entry_points=True)
+        etp.make_plugin_manager(load_entry_points=True)
 
 
 class FakeCluster:
@@ -92,7 +93,7 @@ class FakeTrainer:
 def test_hook_calls_are_traced_to_stderr_when_asked(monkeypatch, capsys, value):
     if value is not None:
         monkeypatch.setenv(_plugins.TRACE_HOOKS_ENV, value)
-    manager = et.make_plugin_manager()
+    manager = etp.make_plugin_manager()
     assert manager.hook.et_slice_health(trainer=FakeTrainer()) == [0, 2]
     err = capsys.readouterr().err
     if value == "1":
@@ -115,10 +116,10 @@ def test_plugins_are_described_with_their_origin_and_hooks(monkeypatch):
         def et_run_start(self):
             pass
 
-    manager = et.make_plugin_manager([Observer()], load_entry_points=False)
+    manager = etp.make_plugin_manager([Observer()], load_entry_points=False)
     manager.register(_plugins, name="pytest")  # as if the entry point named it
     described = {info.name: info for info in _plugins.describe_plugins(manager)}
-    assert list(described)[: len(et.DEFAULT_PLUGINS)] == list(et.DEFAULT_PLUGINS)
+    assert list(described)[: len(etp.DEFAULT_PLUGINS)] == list(etp.DEFAULT_PLUGINS)
     assert described["elastic_trainer_plugins.failures"] == _plugins.PluginInfo(
         "elastic_trainer_plugins.failures", "built-in", ("et_classify_failure",)
     )
@@ -131,7 +132,7 @@ def test_list_plugins_prints_plugins_and_strategies_without_training(monkeypatch
     monkeypatch.setattr("sys.argv", ["elastic_trainer", "--list-plugins"])
     main()
     out = capsys.readouterr().out
-    for name in et.DEFAULT_PLUGINS:
+    for name in etp.DEFAULT_PLUGINS:
         assert f"  {name} (built-in)\n" in out
     assert "      et_classify_failure\n" in out
     strategies = out.split("strategies (+strategy=NAME):\n")[1].splitlines()
@@ -187,5 +188,5 @@ def test_a_strategy_returning_an_invalid_plan_is_named(tiny_trainer_kwargs):
     with pytest.raises(et.PluginError) as error:
         trainer.fit()
     assert str(error.value).startswith(
-        "plugin 'strategy:broken' returned 'retry' from et_choose_recovery; a strategy must return an et.RecoveryPlan"
+        "plugin 'strategy:broken' returned 'retry' from et_choose_recovery; a strategy must return an elastic_trainer.plugin.RecoveryPlan"
     )

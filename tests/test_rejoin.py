@@ -14,6 +14,7 @@ import pytest
 from jax.sharding import NamedSharding, PartitionSpec
 
 import elastic_trainer as et
+import elastic_trainer.plugin as etp
 from elastic_trainer._mesh import state_shardings
 from elastic_trainer.clusters import Admission
 from elastic_trainer.clusters.multicontroller import _membership, _rejoin
@@ -35,7 +36,7 @@ def slice_values(mesh, sharding, per_slice):
 
 
 def test_every_slice_gets_the_donor_slices_values_exactly_whatever_the_others_hold():
-    mesh = et.make_mesh(et.SimulatedCluster(4, 2).slice_devices())
+    mesh = etp.make_mesh(et.SimulatedCluster(4, 2).slice_devices())
     like = {"w": jnp.zeros((3, 8), jnp.float32), "step": jnp.zeros((), jnp.int32), "flag": jnp.zeros((2,), bool)}
     shardings = state_shardings(like, mesh, within_slice="sharded")
     rng = np.random.default_rng(0)
@@ -59,11 +60,11 @@ def test_every_slice_gets_the_donor_slices_values_exactly_whatever_the_others_ho
 def test_a_part_held_per_slice_changes_only_on_the_returning_slices_which_take_the_donors():
     """A semi-synchronous mode's rows (a leaf split over the slices, a row each): the live slices keep their own,
     and only the returning one takes the donor's; the replicated part is the donor's everywhere."""
-    mesh = et.make_mesh(et.SimulatedCluster(3, 2).slice_devices())
+    mesh = etp.make_mesh(et.SimulatedCluster(3, 2).slice_devices())
     rows = np.arange(3 * 4, dtype=np.float32).reshape(3, 4)
     rows[2] = 0  # the returning slice's row: zeros, as from_host leaves it
-    shardings = {"rows": NamedSharding(mesh, PartitionSpec(et.SLICE_AXIS)),
-                 "flat": NamedSharding(mesh, PartitionSpec((et.SLICE_AXIS, "device"))),  # a part per device
+    shardings = {"rows": NamedSharding(mesh, PartitionSpec(etp.SLICE_AXIS)),
+                 "flat": NamedSharding(mesh, PartitionSpec((etp.SLICE_AXIS, "device"))),  # a part per device
                  "outer": NamedSharding(mesh, PartitionSpec())}
     state = {"rows": jax.device_put(rows, shardings["rows"]), "flat": jax.device_put(rows.ravel(), shardings["flat"]),
              "outer": slice_values(mesh, shardings["outer"], [np.float32(7), np.float32(-1), np.float32(0)])}
@@ -75,8 +76,8 @@ def test_a_part_held_per_slice_changes_only_on_the_returning_slices_which_take_t
 
 
 def test_the_state_goes_through_host_memory_onto_a_larger_mesh_with_zeros_where_no_shard_was_held():
-    small = et.make_mesh(et.SimulatedCluster(4, 2).slice_devices()[:2])
-    large = et.make_mesh(et.SimulatedCluster(4, 2).slice_devices()[:3])
+    small = etp.make_mesh(et.SimulatedCluster(4, 2).slice_devices()[:2])
+    large = etp.make_mesh(et.SimulatedCluster(4, 2).slice_devices()[:3])
     like = {"w": jax.ShapeDtypeStruct((3, 8), jnp.float32), "n": jax.ShapeDtypeStruct((), jnp.int32)}
     values = {"w": np.arange(24, dtype=np.float32).reshape(3, 8), "n": np.int32(5)}
     held = jax.device_put(values, state_shardings(values, small, within_slice="sharded"))

@@ -4,15 +4,15 @@ import jax
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
-import elastic_trainer as et
+import elastic_trainer.plugin as etp
 from elastic_trainer._snapshots import HostSnapshots, host_copy
 
 
 def test_a_snapshot_is_a_copy_and_the_next_step_still_takes_the_buffers_it_was_given():
-    mesh = et.make_mesh([jax.devices()[0:2], jax.devices()[2:4]])
+    mesh = etp.make_mesh([jax.devices()[0:2], jax.devices()[2:4]])
     replicated = jax.device_put(np.arange(6, dtype=np.float32), NamedSharding(mesh, PartitionSpec()))
     sharded = jax.device_put(np.arange(8, dtype=np.float32).reshape(4, 2),
-                             NamedSharding(mesh, PartitionSpec(et.DEVICE_AXIS)))
+                             NamedSharding(mesh, PartitionSpec(etp.DEVICE_AXIS)))
     snapshots = HostSnapshots(2, jax.tree.structure([replicated, sharded]))
     snapshots.take(1, [replicated, sharded], slices=(0, 1))
     assert snapshots.latest is None  # not a snapshot step

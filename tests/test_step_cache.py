@@ -10,6 +10,7 @@ import numpy as np
 import optax
 
 import elastic_trainer as et
+import elastic_trainer.plugin as etp
 from elastic_trainer._state import init_train_state
 from elastic_trainer._step import check_fits, make_step_functions
 from elastic_trainer._goodput import GoodputClock
@@ -33,7 +34,7 @@ def new_cache(max_layouts: int, **kwargs) -> StepCache:
 
 def mesh_of(slice_: int) -> jax.sharding.Mesh:
     """The mesh of one simulated slice of 2 devices: a layout of its own."""
-    return et.make_mesh([jax.devices()[2 * slice_: 2 * slice_ + 2]])
+    return etp.make_mesh([jax.devices()[2 * slice_: 2 * slice_ + 2]])
 
 
 def cached(cache: StepCache, slice_: int) -> bool:
@@ -59,7 +60,7 @@ def test_the_least_recently_used_layout_goes_first():
 def test_a_layouts_step_is_one_donating_program_or_with_split_its_gradients_and_update():
     # one program, as a hand-written loop's, unless the cluster's processes each run their own part of every program
     fused, _, _ = new_cache(max_layouts=1).get(mesh_of(0), BATCH)
-    split, _, _ = new_cache(max_layouts=1, mode=et.SynchronousMode(split=True)).get(mesh_of(0), BATCH)
+    split, _, _ = new_cache(max_layouts=1, mode=etp.SynchronousMode(split=True)).get(mesh_of(0), BATCH)
     assert isinstance(fused, FusedStep) and len(fused.executables) == 1
     assert isinstance(split, SplitStep) and len(split.executables) == 2
     # the state is donated to the one program, and to the split step's update only
@@ -230,13 +231,13 @@ class LikelyLayouts:
         return [[[s for s in range(4) if s != lost] for lost in range(4)]]
 
     def et_make_mesh(self, trainer, slice_devices):
-        return et.make_mesh(slice_devices)
+        return etp.make_mesh(slice_devices)
 
 
 class QueuedCompiles:
     """A step cache that notes the order of the compiles asked for ahead, and which stay queued."""
 
-    mode = et.SynchronousMode()
+    mode = etp.SynchronousMode()
 
     def __init__(self):
         self.queued = []
@@ -262,7 +263,7 @@ def test_the_layouts_compiled_ahead_first_drop_the_slices_that_failed_most_often
             cluster.fail_slice(slice_, down_for_s=0)
     steps = QueuedCompiles()
     layouts = Layouts(run_context(cluster, LikelyLayouts(), view=None), steps=steps, global_batch_size=24)
-    full = Layout((0, 1, 2, 3), et.make_mesh(cluster.slice_devices()), 24, 1.0, None, None, 0.0, False)
+    full = Layout((0, 1, 2, 3), etp.make_mesh(cluster.slice_devices()), 24, 1.0, None, None, 0.0, False)
     layouts.compile_likely(full)
     assert steps.queued == [(0, 1, 3), (1, 2, 3), (0, 2, 3), (0, 1, 2)]  # slice 2 failed twice, slice 0 once
 
@@ -276,7 +277,7 @@ def test_the_likely_layouts_are_queued_once_per_layout_in_use_and_those_of_the_o
     cluster = et.SimulatedCluster(slices=4, devices_per_slice=2)
     steps, view = QueuedCompiles(), type("View", (), {"slices": (0, 1, 2, 3)})()
     layouts = Layouts(run_context(cluster, OneSliceFewer(), view=view), steps=steps, global_batch_size=24)
-    layout = lambda slices: Layout(slices, et.make_mesh([cluster.slice_devices()[s] for s in slices]), 24, 1.0,  # noqa: E731
+    layout = lambda slices: Layout(slices, etp.make_mesh([cluster.slice_devices()[s] for s in slices]), 24, 1.0,  # noqa: E731
                                    None, None, 0.0, False)
     layouts.compile_likely(layout((0, 1, 2, 3)))
     layouts.compile_likely(layout((0, 1, 2, 3)))  # after the next step on the same layout: nothing new
@@ -321,18 +322,18 @@ def test_the_model_is_traced_once_per_batch_shape_and_each_layout_replays_that_t
     check_fits(functions, arrays, sample, BATCH)
     for split in (False, True):
         cache = StepCache(functions, arrays, sample, within_slice="replicated",
-                          mode=et.SynchronousMode(split=split))
+                          mode=etp.SynchronousMode(split=split))
         for slice_ in range(2):
             cache.get(mesh_of(slice_), BATCH)
         cache.close()
     cache = StepCache(functions, arrays, sample, within_slice="replicated")
-    cache.get(et.make_mesh([jax.devices()[:2], jax.devices()[2:4]]), 2 * BATCH)  # another batch: traced anew
+    cache.get(etp.make_mesh([jax.devices()[:2], jax.devices()[2:4]]), 2 * BATCH)  # another batch: traced anew
     cache.close()
     assert batch_shapes == [(BATCH, 9), (2 * BATCH, 9)]
 
     # a replay (of the check's trace, made without a mesh) lowers to the program traced directly on the mesh
     leaves = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in jax.tree.leaves(arrays)]
-    batch = jax.ShapeDtypeStruct((BATCH, 9), np.int32, sharding=et.batch_sharding(mesh_of(1)))
+    batch = jax.ShapeDtypeStruct((BATCH, 9), np.int32, sharding=etp.batch_sharding(mesh_of(1)))
     replayed, direct = (jax.jit(f).lower(leaves, batch).as_text()
                         for f in (functions.gradients, functions.gradients.__wrapped__))
     assert replayed == direct

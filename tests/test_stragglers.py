@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 import elastic_trainer as et
+from elastic_trainer.clusters import AbstractInjectableCluster
 from elastic_trainer._stragglers import StragglerRule, StragglerWatch
 from elastic_trainer.chaos import Chaos
 from elastic_trainer_plugins.fallback import Fallback
@@ -165,7 +166,7 @@ def test_scale_down_never_drops_below_min_slice_count(make):
     assert [s["slice"] for s in report["stragglers"]] == [2] and report["resizes"] == []
 
 
-class OlderCluster(et.AbstractInjectableCluster):
+class OlderCluster(AbstractInjectableCluster):
     """A third party's injectable cluster written before slices could be slowed: it has no slow_slice."""
 
     kind = "older"

@@ -13,6 +13,7 @@ import pytest
 from test_fault_matrix import named_arrays
 
 import elastic_trainer as et
+import elastic_trainer.plugin as etp
 from elastic_trainer_plugins.chaos import Chaos
 from elastic_trainer_plugins.pause_resume import PauseResume
 from elastic_trainer_plugins.scale_down import ScaleDown
@@ -49,7 +50,7 @@ class ChoosesMode:
 class CountedStep:
     """A compiled step that notes the global batch of each step it runs."""
 
-    inner: et.CompiledStep
+    inner: etp.CompiledStep
     runs: list
 
     @property
@@ -62,12 +63,12 @@ class CountedStep:
 
 
 @dataclasses.dataclass(eq=False)
-class RunCountingMode(et.AbstractTrainingMode):
+class RunCountingMode(etp.AbstractTrainingMode):
     name = "run_counting"
     runs: list = dataclasses.field(default_factory=list)
 
     def compile(self, functions, abstract, batch, mesh, *, within_slice):
-        step, shardings = et.SynchronousMode().compile(functions, abstract, batch, mesh, within_slice=within_slice)
+        step, shardings = etp.SynchronousMode().compile(functions, abstract, batch, mesh, within_slice=within_slice)
         return CountedStep(step, self.runs), shardings
 
 
@@ -81,7 +82,7 @@ def lose_slice_1(tiny_trainer_kwargs, *plugins):
 def test_without_a_plugin_the_step_is_synchronous_and_one_program(tiny_trainer_kwargs):
     trainer = et.Trainer(**tiny_trainer_kwargs(steps=1))
     trainer.fit()
-    assert trainer._ctx.step_cache.mode == et.SynchronousMode(split=False)
+    assert trainer._ctx.step_cache.mode == etp.SynchronousMode(split=False)
 
 
 def test_the_documented_mode_compiles_every_layout_of_a_run_that_loses_a_slice_and_ends_as_the_default(
@@ -106,7 +107,7 @@ def test_the_loop_runs_the_modes_compiled_step_for_every_step(tiny_trainer_kwarg
 def test_an_answer_that_is_no_mode_is_a_plugin_error_naming_the_plugin(tiny_trainer_kwargs):
     trainer = et.Trainer(**tiny_trainer_kwargs(steps=1, plugins=[ChoosesMode("fused")]))
     with pytest.raises(et.PluginError, match=r"returned 'fused' from et_training_mode; a plugin must return an "
-                                             r"et.AbstractTrainingMode"):
+                                             r"elastic_trainer\.plugin\.AbstractTrainingMode"):
         trainer.fit()
 
 

@@ -60,7 +60,7 @@ class RunCheckpoints:
     :param checkpointer: where the checkpoints go.
     :param run: the cluster (checked after each save: a slice lost meanwhile makes it void), the plugins'
         hooks, and the run's clock (its start dates the saves for ``period="auto"``).
-    :param train_state: the train state (a :class:`~elastic_trainer.TrainState`) of a restored state's arrays,
+    :param train_state: the train state (a :class:`~elastic_trainer.plugin.TrainState`) of a restored state's arrays,
         for ``et_after_restore``.
     :param data_order: what fixes the sample order (``seed``, ``num_samples``), checked on restore.
     :param run_metadata: more fields for each checkpoint's metadata.

@@ -75,7 +75,7 @@ class AbstractCluster(abc.ABC):
 
         On several processes it is also where the live ones agree on who
         lives, and every live process must make the same calls in the same
-        order (a :class:`~elastic_trainer.SyncMismatchError` if not). Real
+        order (a :class:`~elastic_trainer.plugin.SyncMismatchError` if not). Real
         single-controller runtimes raise from the step itself, so by default
         this does nothing.
         """

@@ -217,7 +217,8 @@ def _check_health_checker(*, health_checker: str | None) -> None:
         load_health_checker(health_checker)
 
 
-# the built-in classes are named by their public aliases (elastic_trainer.SimulatedCluster)
+# the built-in classes are named by their public import paths (elastic_trainer.SimulatedCluster,
+# elastic_trainer.strategies.ScaleDown), the ones a user imports them from
 SimulatedClusterConfig = schema_of(  # cluster=simulated
     SimulatedCluster, target="elastic_trainer.SimulatedCluster", check=check_simulated_settings
 )
@@ -234,23 +235,24 @@ TransformerConfig = schema_of(  # model=transformer; the builder passes the key
     Transformer, target="elastic_trainer.Transformer", check=check_transformer_settings, leave_out=("key",)
 )
 StdlibTextConfig = schema_of(StdlibText, target="elastic_trainer.StdlibText", check=_check_stdlib_text)  # data=...
-ScaleDownConfig = schema_of(ScaleDown)  # +strategy=scale_down
-PauseResumeConfig = schema_of(PauseResume)  # +strategy=pause_resume
-FullRestartConfig = schema_of(FullRestart)  # +strategy=full_restart
-HotSwapConfig = schema_of(HotSwap)  # +strategy=hot_swap
-DiLoCoConfig = schema_of(DiLoCo)  # +strategy=diloco
+ScaleDownConfig = schema_of(ScaleDown, target="elastic_trainer.strategies.ScaleDown")  # +strategy=scale_down
+PauseResumeConfig = schema_of(PauseResume, target="elastic_trainer.strategies.PauseResume")  # +strategy=pause_resume
+FullRestartConfig = schema_of(FullRestart, target="elastic_trainer.strategies.FullRestart")  # +strategy=full_restart
+HotSwapConfig = schema_of(HotSwap, target="elastic_trainer.strategies.HotSwap")  # +strategy=hot_swap
+DiLoCoConfig = schema_of(DiLoCo, target="elastic_trainer.strategies.DiLoCo")  # +strategy=diloco
 ScheduledFailureConfig = schema_of(ScheduledFailure, target=False)  # one entry of chaos.failures; Chaos checks it
 ChaosConfig = schema_of(  # +chaos=schedule, +chaos=random, ...; typed entries, so that a bad one is one sentence
-    Chaos, check=check_chaos_settings, types={"failures": list[ScheduledFailureConfig]}
+    Chaos, target="elastic_trainer.chaos.Chaos", check=check_chaos_settings,
+    types={"failures": list[ScheduledFailureConfig]},
 )
-TensorBoardConfig = schema_of(TensorBoard)  # +logger=tensorboard
+TensorBoardConfig = schema_of(TensorBoard, target="elastic_trainer.loggers.TensorBoard")  # +logger=tensorboard
 
 
 @dataclasses.dataclass
 class FallbackConfig:
     """``+strategy=pause_then_scale_down`` and other chains: each strategy takes over when the one before gives up."""
 
-    _target_: str = "elastic_trainer_plugins.fallback.Fallback"
+    _target_: str = "elastic_trainer.strategies.Fallback"
     strategies: list[Any] = dataclasses.field(default_factory=list)
 
 

@@ -121,7 +121,8 @@ def _run_locked(cfg: DictConfig, *, run_dir: Path, started_at: float) -> int:
                stop_signals=stop_signals(cfg.trainer.get("preemption_signal")))
     if cfg.cluster.get("launcher") == "local" and not is_worker():
         return _launch(cfg, strategy, job)
-    # a strategy may restart the process without declaring it (et.RestartingStrategy): then the default
+    # a strategy may restart the process without declaring it (elastic_trainer.plugin.RestartingStrategy): then
+    # the default
     supervised = dict(**job, max_restarts=strategy.max_restarts
                       if isinstance(strategy, (AbstractStrategy, RestartingStrategy)) else DEFAULT_MAX_RESTARTS,
                       strategy=strategy_name(strategy))

@@ -1,7 +1,7 @@
 """The same synchronization calls in the same order on every live process, checked at each agreement.
 
-On the multi-controller runtime every :meth:`~elastic_trainer.AbstractCluster.synchronize` is a global agreement:
-every live process must make the same calls in the same order, or the processes meet at the wrong barriers (one
+On the multi-controller runtime every :meth:`~elastic_trainer.clusters.AbstractCluster.synchronize` is a global
+agreement: every live process must make the same calls in the same order, or the processes meet at the wrong barriers (one
 waits in a save's collectives while another restores) and hang or mismatch. Each process notes which call it makes
 under the agreement's number before the barrier, and reads the others' after it.
 """

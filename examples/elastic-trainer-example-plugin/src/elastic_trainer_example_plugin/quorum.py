@@ -6,11 +6,12 @@ import logging
 import math
 
 import elastic_trainer as et
+import elastic_trainer.plugin as etp
 
 logger = logging.getLogger(__name__)
 
 
-class Quorum(et.AbstractStrategy):
+class Quorum(etp.AbstractStrategy):
     """Go on with the healthy slices while at least ``quorum`` of the cluster's slices live.
 
     Unlike ``scale_down`` with a fixed ``min_slice_count``, the floor follows
@@ -29,14 +30,14 @@ class Quorum(et.AbstractStrategy):
         if not 0 < quorum <= 1:
             raise et.ConfigError(f"strategy.quorum must be above 0 and at most 1, got {quorum}.")
         self.quorum = quorum
-        self.retries = et.RetryBudget(self.name, max_retries)
+        self.retries = etp.RetryBudget(self.name, max_retries)
 
     def min_slices(self, total: int) -> int:
         """The fewest slices of ``total`` that make a quorum."""
         return math.ceil(self.quorum * total)
 
     @et.hookimpl
-    def et_choose_recovery(self, trainer: et.Trainer, failure: et.Failure) -> et.RecoveryPlan:
+    def et_choose_recovery(self, trainer: et.Trainer, failure: etp.Failure) -> etp.RecoveryPlan:
         """Plan to go on at once with the healthy slices, needing a quorum of them."""
         self.retries.spend(failure.step)
         total = len(trainer.cluster.slice_devices())
@@ -47,4 +48,4 @@ class Quorum(et.AbstractStrategy):
             "quorum: step %d lost slice(s) %s; %d of %d slices healthy, quorum %d: %s.",
             failure.step + 1, list(failure.slices), len(healthy), total, needed, decision,
         )
-        return et.RecoveryPlan(action=self.name, min_slices=needed)
+        return etp.RecoveryPlan(action=self.name, min_slices=needed)
