@@ -60,15 +60,27 @@ class TrainerConfig:
     """``trainer``: how long and how wide to train."""
 
     steps: int = 300
+    """train until this many steps are completed."""
     global_batch_size: int = 48
+    """samples per step over all devices (divisible by the device count)."""
     within_slice: str = default_of(Trainer, "within_slice")
+    """the state within a slice: ``replicated``, or ``sharded`` over the slice's devices."""
     snapshot_period: int = default_of(Trainer, "snapshot_period")
+    """copy the state to host memory every this many steps, restored if no slice survives (0: never)."""
     step_timeout_s: float = default_of(Trainer, "step_timeout_s")
+    """a step that takes longer counts as a hung slice and is recovered (0: no limit)."""
     compilation_cache_dir: str | None = DEFAULT_COMPILATION_CACHE_DIR
+    """JAX's persistent compilation cache, shared by every run (MaxText's ``jax_cache_dir``); ``null``: off."""
     preemption_signal: str | None = default_of(Trainer, "preemption_signal")
+    """a signal that stops training like SIGTERM and Ctrl-C: at a step boundary, with a checkpoint
+    (``SIGUSR1``, say)."""
     max_cached_layouts: int = default_of(Trainer, "max_cached_layouts")
+    """keep the compiled steps of at most this many layouts (the least recently used goes first)."""
     straggler_factor: float = StragglerRule.factor
+    """a slice whose own step time is above this many times the other slices' median for ``straggler_steps``
+    steps in a row is a straggler."""
     straggler_steps: int = StragglerRule.steps
+    """how many steps in a row make a straggler; as many steps not slow and it has recovered."""
 
     def __post_init__(self):
         StragglerRule(self.straggler_factor, self.straggler_steps)  # checks them
@@ -93,13 +105,22 @@ class CheckpointConfig:
     """``checkpoint``: Orbax checkpoints of the train state."""
 
     enabled: bool = True
+    """save Orbax checkpoints of the train state."""
     period: Any = default_of(Checkpointer, "period")  # steps, or "auto"; OmegaConf has no int-or-string type
+    """save every this many steps (and at the last step); ``auto``: the Young/Daly period from the measured costs."""
     mtbf_s: float | None = default_of(Checkpointer, "mtbf_s")
+    """for ``period=auto``: the expected seconds between failures; ``null``: the rate observed in the run."""
     max_to_keep: int = default_of(Checkpointer, "max_to_keep")
+    """keep this many checkpoints; older ones are deleted."""
     dir: str | None = None
+    """where to save; ``null``: ``checkpoints/`` in the run directory."""
     resume: bool = default_of(Trainer, "resume")
+    """continue from the latest complete checkpoint in ``dir``."""
     async_save: bool = default_of(Checkpointer, "async_save")
+    """commit saves in the background; the step loop waits only for the copy to host memory."""
     max_failed_saves: int = default_of(Checkpointer, "max_failed_saves")
+    """a save that fails for I/O (a full disk, EIO) is reported and training goes on; this many in a row stop
+    the run (exit status 3)."""
 
     def __post_init__(self):
         check_checkpoint_settings(period=self.period, max_to_keep=self.max_to_keep, mtbf_s=self.mtbf_s,
@@ -114,10 +135,15 @@ class WarmupCosineConfig:
 
     _target_: str = "optax.warmup_cosine_decay_schedule"
     init_value: float = 0.0
+    """the learning rate at step 0."""
     peak_value: float = 3e-3
+    """the learning rate at the end of the warm-up."""
     warmup_steps: int = 10
+    """steps of linear warm-up."""
     decay_steps: int = 300
+    """steps until the decay ends, the warm-up included (``trainer.steps`` in ``optimizer=adamw``)."""
     end_value: float = 3e-4
+    """the learning rate at the end of the decay."""
 
     def __post_init__(self):
         for name in ("init_value", "peak_value", "end_value", "warmup_steps"):
@@ -135,9 +161,13 @@ class AdamWConfig:
 
     _target_: str = "optax.adamw"
     learning_rate: WarmupCosineConfig = dataclasses.field(default_factory=WarmupCosineConfig)
+    """the learning-rate schedule."""
     b1: float = 0.9
+    """the decay of the first-moment estimate."""
     b2: float = 0.999
+    """the decay of the second-moment estimate."""
     weight_decay: float = 0.01
+    """decoupled weight decay."""
 
     def __post_init__(self):
         for name in ("b1", "b2"):
@@ -178,7 +208,9 @@ def schema_of(
         if name not in leave_out:
             fields.append((name, hints[name], _field(parameter.default)))
     doc = f"The schema of ``{path}``; its defaults and value checks live in its constructor."
-    namespace = {"__module__": __name__, "__doc__": doc}  # found where it is stored, so that configs pickle
+    # found where it is stored, so that configs pickle; built_from, whose docstring's :param fields describe the
+    # fields in the configuration reference (docs/gen_reference.py)
+    namespace = {"__module__": __name__, "__doc__": doc, "built_from": cls}
     if check is not None:
         namespace["__post_init__"] = _post_init(check)
     return dataclasses.make_dataclass(f"{cls.__name__}Config", fields, namespace=namespace)
@@ -254,6 +286,7 @@ class FallbackConfig:
 
     _target_: str = "elastic_trainer.strategies.Fallback"
     strategies: list[Any] = dataclasses.field(default_factory=list)
+    """the chain, first choice first: each entry a strategy's config with its ``_target_``."""
 
 
 @dataclasses.dataclass
@@ -261,16 +294,25 @@ class Config:
     """The whole run. Groups without a schema of ours (a user's model) are free-form."""
 
     seed: int = 0
+    """seeds the model's initialisation, the data order and the per-step keys."""
     trainer: TrainerConfig = dataclasses.field(default_factory=TrainerConfig)
     checkpoint: CheckpointConfig = dataclasses.field(default_factory=CheckpointConfig)
     cluster: Any = MISSING
+    """where to run: simulated slices of CPU devices, processes on JAX's distributed runtime, or Pathways."""
     data: Any = MISSING
+    """what to train on."""
     model: Any = MISSING
+    """what to train."""
     optimizer: Any = MISSING
+    """how to update: an optax gradient transformation."""
     loss: Any = MISSING
+    """what to minimise: ``loss_fn(model, batch, *, key) -> scalar``."""
     strategy: Any = None
+    """what to do when a slice is lost (none: a failure stops the run)."""
     chaos: Any = None
+    """failure injection: slices lost on a schedule or at random."""
     logger: Any = None
+    """where the run's scalars go besides the terminal and ``report.json``."""
 
     def __post_init__(self):
         check_at_least("seed", self.seed, 0)  # numpy seeds the data order, and its seeds must not be negative
