@@ -109,6 +109,17 @@ COORDINATION_CLIENT = PrivateApi(
 BACKENDS_STARTED = PrivateApi(
     "jax._src.xla_bridge:backends_are_initialized", "refusing to configure collectives after a backend started",
 )
+NVIDIA_GPU_PROBE = PrivateApi(
+    "jax._src.hardware_utils:has_visible_nvidia_gpu", "whether an NVIDIA GPU is here, as JAX looks, without a backend",
+)
+AMD_GPU_PROBE = PrivateApi(
+    "jax._src.hardware_utils:num_available_amd_gpus", "whether an AMD GPU is here, as JAX looks, without a backend",
+    parameters=("stop_at",),
+)
+TPU_PROBE = PrivateApi(
+    "jax._src.hardware_utils:num_available_tpu_chips_and_device_id",
+    "whether TPU chips are here, as JAX looks, without a backend",
+)
 LIVE_DEVICES_CACHE = PrivateApi(
     "jax.experimental.multihost_utils:live_devices", "forgetting the devices of a backend dropped at a rejoin",
     attributes=("devices",),
@@ -148,7 +159,7 @@ ORBAX_SAVE_WRITES = PrivateApi(
 )
 
 PRIVATE_APIS = (DISTRIBUTED_STATE, CLUSTER_DETECTION, COORDINATION_SERVICE, COORDINATION_CLIENT, BACKENDS_STARTED,
-                LIVE_DEVICES_CACHE, ORBAX_BARRIER_TIMEOUT, ORBAX_WRITE_SPEC, ORBAX_OCDBT_SUBDIR, ORBAX_NUMPY_SERIALIZE,
+                NVIDIA_GPU_PROBE, AMD_GPU_PROBE, TPU_PROBE, LIVE_DEVICES_CACHE, ORBAX_BARRIER_TIMEOUT, ORBAX_WRITE_SPEC, ORBAX_OCDBT_SUBDIR, ORBAX_NUMPY_SERIALIZE,
                 ORBAX_NUMPY_WRITE, ORBAX_NUMPY_METADATA_KEY, ORBAX_WAIT_FOR_WRITES, ORBAX_SAVE_WRITES)
 """Every private API of this module, for :func:`check_all`."""
 
@@ -211,6 +222,14 @@ def join_as_client_only(address: str, *, num_processes: int, process_id: int, he
 def backends_started() -> bool:
     """Whether a JAX backend runs in this process (too late to configure its collectives and device counts)."""
     return BACKENDS_STARTED.resolve()()
+
+
+def accelerator_hardware() -> str | None:
+    """``"gpu"`` or ``"tpu"`` when this host has such devices, found the way JAX looks for them before it starts a
+    backend (device files and PCI ids, jax's ``hardware_utils``), so that no backend starts; ``None`` for neither."""
+    if NVIDIA_GPU_PROBE.resolve()() or AMD_GPU_PROBE.resolve()(stop_at=1):
+        return "gpu"
+    return "tpu" if TPU_PROBE.resolve()()[0] > 0 else None
 
 
 def forget_live_devices() -> None:

@@ -11,6 +11,7 @@ from jaxtyping import PyTree
 
 from .._failures import ConfigError, SliceLostError
 from ..config._settings import check_simulated_settings
+from ._accelerators import accelerator_platform, warn_if_accelerators_unused
 from ._base import AbstractInjectableCluster, AbstractSpareCluster, AbstractTimedCluster, SyncCall
 
 
@@ -58,7 +59,8 @@ class SimulatedCluster(AbstractInjectableCluster, AbstractSpareCluster, Abstract
 
     def configure_jax(self) -> None:
         """Ask JAX for enough CPU devices (never fewer than were asked for already), or check that it already has
-        them."""
+        them; warn where JAX would use GPUs or TPUs here (:class:`~elastic_trainer.AcceleratorUnusedWarning`)."""
+        warn_if_accelerators_unused("simulated", accelerator_platform())
         try:
             jax.config.update("jax_platforms", "cpu")
             jax.config.update("jax_num_cpu_devices", max(self.num_devices, jax.config.jax_num_cpu_devices))

@@ -15,7 +15,8 @@ from .._base import (
     AbstractProcessInjectableCluster, AbstractRejoinCluster, AbstractSpareCluster, AbstractTimedCluster, SyncCall,
 )
 from ..._failures import ConfigError, SliceLostError, StepTimeoutError
-from ..._private_apis import backends_started, bound_orbax_barriers, coordination_client
+from ..._private_apis import backends_started, bound_orbax_barriers, coordination_client, own_process_id
+from .._accelerators import accelerator_platform, warn_if_accelerators_unused
 from . import _keys as keys
 from ._coordinator import DEFAULT_HEARTBEAT_TIMEOUT_S, join_job
 from ._membership import Membership, devices_of
@@ -156,7 +157,8 @@ class MultiprocessCluster(AbstractRejoinCluster, AbstractProcessInjectableCluste
     # ------------------------------------------------------------------ start-up
 
     def configure_jax(self) -> None:
-        """Join the job: configure JAX's CPU collectives and recoverability, then ``jax.distributed.initialize``."""
+        """Join the job: configure JAX's CPU collectives and recoverability, then ``jax.distributed.initialize``;
+        process 0 warns where JAX would use GPUs or TPUs here (:class:`~elastic_trainer.AcceleratorUnusedWarning`)."""
         if jax.distributed.is_initialized():
             return
         if backends_started():  # too late to configure collectives and device counts
@@ -164,12 +166,15 @@ class MultiprocessCluster(AbstractRejoinCluster, AbstractProcessInjectableCluste
                 "cluster=multiprocess must configure JAX before any JAX operation runs in this process; "
                 "start it with python -m elastic_trainer, or build the cluster first."
             )
+        unused = accelerator_platform() if self.platform == "cpu" else None  # before the runtime is configured
         _configure_runtime(platform=self.platform_layer, devices_per_process=self.devices_per_process,
                            collective_timeout_s=self.collective_timeout_s, barrier_timeout_s=self.barrier_timeout_s)
         process_id = os.environ.get(PROCESS_ID_ENV)  # unset: JAX's cluster detection knows it, and the count
         join_job(self.coordinator, num_processes=self.job_processes if process_id is not None else None,
                  process_id=int(process_id) if process_id is not None else None,
                  heartbeat_timeout_s=self.heartbeat_timeout_s, initialization_timeout_s=self.initialization_timeout_s)
+        if own_process_id() == 0:  # one warning for the job
+            warn_if_accelerators_unused("multiprocess", unused)
         self._rejoin.ask_to_join()  # a replacement of a lost process, or a spare: taken in by the live ones, or ended
         if jax.process_count() != self.job_processes:
             raise ConfigError(
@@ -270,20 +275,30 @@ class MultiprocessCluster(AbstractRejoinCluster, AbstractProcessInjectableCluste
             raise SliceLostError(message, slices=lost, processes=dead + leaving,
                                  occurred_at=min(down) if down and None not in down else None)
 
+    def check_launch(self, slices: Sequence[int], *, since: tuple[int, ...]) -> None:
+        """Before a step's first dispatch, the live processes meet (:meth:`Membership.meet`): a peer late to the
+        step is waited for, up to ``barrier_timeout_s``, before any collective starts. One that did not come in
+        time is stuck (killed); then the live processes agree on who lives, and a lost slice raises here, before
+        the step takes the state."""
+        if not self.membership.meet(stuck_after_s=self.barrier_timeout_s):
+            self.synchronize(SyncCall.STEP_END, slices, since=since)  # the step not launched ends before it began
+
     def explain_failure(
         self, error: Exception, slices: Sequence[int], *, since: tuple[int, ...], pending: PyTree
     ) -> None:
-        """A step on ``slices`` raised ``error`` (a collective timed out waiting for a peer, or the watchdog did).
+        """A step on ``slices`` raised ``error`` (its collectives gave up waiting for a peer, or the watchdog did).
 
         First the processes stuck before the step are found and killed (a
         stuck process would never reach the next barrier); then the live
         processes agree on who died, and a lost slice is raised as
-        ``DATA_LOSS`` (``DEADLINE_EXCEEDED`` when it was stuck). A collective
-        that timed out while every process lives is a ``DEADLINE_EXCEEDED``
-        with no slice lost (the step is retried); any other error stands.
-        Either way it first waits until the failed step's collectives have
-        given up (``collective_timeout_s``): until then they hold this
-        process's devices, and a new step would queue behind them.
+        ``DATA_LOSS`` (``DEADLINE_EXCEEDED`` when it was stuck). When they
+        agree that every process lives, the step failed on a peer only slow,
+        whatever the error says (a peer's collective timed out, another's saw
+        that peer close the connection): a ``DEADLINE_EXCEEDED`` with no slice
+        lost, which the strategy retries. Either way it first waits until the
+        failed step's collectives have given up (``collective_timeout_s``):
+        until then they hold this process's devices, and a new step would
+        queue behind them.
         """
         self.membership.own_times.forget()
         draining = threading.Thread(target=_wait_quietly, args=(pending,), name="et-drain", daemon=True)
@@ -293,12 +308,11 @@ class MultiprocessCluster(AbstractRejoinCluster, AbstractProcessInjectableCluste
             self.synchronize(SyncCall.STEP_END, slices, since=since)  # the failed step's end
         finally:
             draining.join(self.collective_timeout_s + 5)
-        if "timed out" in str(error).lower():  # every process lives: a peer was only slow (a busy machine)
-            raise StepTimeoutError(
-                f"DEADLINE_EXCEEDED: a collective timed out (cluster.collective_timeout_s="
-                f"{self.collective_timeout_s}) but every process lives: {error}",
-                slices=(),
-            ) from error
+        raise StepTimeoutError(
+            f"DEADLINE_EXCEEDED: the step's collectives gave up (cluster.collective_timeout_s="
+            f"{self.collective_timeout_s}) but the processes agree that every one lives: {error}",
+            slices=(),
+        ) from error
 
     def step_dispatched(self) -> None:
         """Note in the key-value store that this process reached its latest step's collectives."""
