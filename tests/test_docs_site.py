@@ -64,3 +64,15 @@ def test_every_configuration_key_and_report_key_has_a_description(gen_reference)
                     for line in page.splitlines() if line.startswith("| `") and line.endswith("| — |")]
     assert not undocumented, ("these keys have no description: give the field a docstring under it, or a "
                               ":param in the docstring of the class it configures:\n" + "\n".join(undocumented))
+
+
+def test_the_hooks_reference_renders_every_hookspec_once_under_its_group(gen_reference):
+    from elastic_trainer import hookspecs
+
+    page = gen_reference.hooks()
+    specs = [name for name in dir(hookspecs) if name.startswith("et_")]
+    rendered = re.findall(r"^::: elastic_trainer\.hookspecs\.(\w+)$", page, flags=re.MULTILINE)
+    assert sorted(rendered) == sorted(specs)
+    groups = re.findall(r"^## (.+)$", page, flags=re.MULTILINE)
+    assert groups[0] == "Run lifecycle" and len(groups) >= 3
+    assert page.index("## Run lifecycle") < page.index("hookspecs.et_run_start") < page.index(f"## {groups[1]}")
