@@ -193,7 +193,7 @@ def run_like_srun(job_dir, overrides: list[str], tasks: int = 4) -> tuple[list[i
 
 
 def test_a_job_started_the_way_srun_starts_it_loses_task_0_and_its_slice_goes_down_whole(run_dir):
-    """cluster.launcher=none under a simulated Slurm allocation, as README's sbatch script runs it: the
+    """cluster.launcher=none under a simulated Slurm allocation, as the sbatch script of docs/multiprocess.md runs it: the
     coordinator (python -m elastic_trainer.coordinator) as a task of its own, then 4 tasks started as srun starts
     them (the SLURM_* variables JAX's cluster detection reads, every task on node 127.0.0.1,
     JAX_COORDINATOR_PORT naming the coordinator's port), no launcher of ours, 2 slices of 2 processes of 1
