@@ -84,8 +84,8 @@ def checksum_ratios(overrides: list[str], rounds: int) -> tuple[float, float]:
     return save, restore
 
 
-def training_s(report: dict) -> float:
-    return report["wall_s"] - report["badput_s"]["startup"] - report["badput_s"]["compile"]
+def training_s(report: et.RunReport) -> float:
+    return report.wall_s - report.badput_s.startup - report.badput_s.compile
 
 
 def main() -> None:
@@ -100,10 +100,10 @@ def main() -> None:
         order = (True, False) if round_ % 2 else (False, True)  # alternate, so drift on a shared machine cancels
         reports = {checkpoints: run(args.overrides, checkpoints=checkpoints).report for checkpoints in order}
         on, off = reports[True], reports[False]
-        overheads.append((training_s(on) - training_s(off)) / off["wall_s"])
+        overheads.append((training_s(on) - training_s(off)) / off.wall_s)
         print(
-            f"round {round_ + 1}: off {off['wall_s']:.1f} s wall ({training_s(off):.1f} s training), "
-            f"on {on['wall_s']:.1f} s wall ({training_s(on):.1f} s training, {on['badput_s']['checkpoint_save']:.2f} s "
+            f"round {round_ + 1}: off {off.wall_s:.1f} s wall ({training_s(off):.1f} s training), "
+            f"on {on.wall_s:.1f} s wall ({training_s(on):.1f} s training, {on.badput_s.checkpoint_save:.2f} s "
             f"blocked on saves), overhead {overheads[-1]:.3f}",
             flush=True,
         )

@@ -104,15 +104,15 @@ def run_row(strategy: str, inner_steps: int | None, schedule: str, steps: int) -
     collectives = cross_slice_collectives(trainer._state.layout.compiled.executables, slice_of)
     per_step = collectives / inner_steps if inner_steps else collectives
     seconds = list(trainer._ctx.history.seconds.values())[5:]
-    losses = trainer._ctx.history.ordered_losses()
+    losses = list(report.history.metrics["loss"])
     sizes = [len(trainer.ledger.ids_of(step)) for step in sorted(trainer._ctx.history.slices)]
-    badput = report["badput_s"]
+    badput = report.badput_s
     return {
         "strategy": strategy if strategy == "scale_down" else f"diloco H={inner_steps}", "schedule": schedule,
-        "steps": report["steps_completed"], "eval_loss": eval_loss, "final_train_loss": report["final_loss"],
-        "consumed": report["samples"]["consumed"], "skipped": report["samples"]["skipped"],
-        "failures": len(report["failures"]), "goodput": report["goodput"], "wall_s": report["wall_s"],
-        "pause_s": sum(badput[k] for k in ("detection", "waiting_for_slices", "checkpoint_restore", "remesh")),
+        "steps": report.steps_completed, "eval_loss": eval_loss, "final_train_loss": report.final_loss,
+        "consumed": report.samples.consumed, "skipped": report.samples.skipped,
+        "failures": len(report.failures), "goodput": report.goodput, "wall_s": report.wall_s,
+        "pause_s": badput.detection + badput.waiting_for_slices + badput.checkpoint_restore + badput.remesh,
         "step_s": statistics.median(seconds), "cross_slice_per_step": per_step,
         "losses": losses, "samples_read": np.cumsum(sizes).tolist(),
     }

@@ -258,9 +258,9 @@ def train(spec: RunSpec, *, steps: int, horizons: Sequence[int], work: Path) -> 
         checkpointer=et.Checkpointer(checkpoints, period=period, max_to_keep=steps // period + 1),
     )
     _, report = trainer.fit()
-    lost = [failure.get("lost_steps") for failure in report["failures"]]
-    print(f"  {spec.name}: {report['steps_completed']} steps, failures {len(lost)} (lost steps {lost}), "
-          f"final loss {report['final_loss']:.4f}", flush=True)
+    lost = [failure.lost_steps for failure in report.failures]
+    print(f"  {spec.name}: {report.steps_completed} steps, failures {len(lost)} (lost steps {lost}), "
+          f"final loss {report.final_loss:.4f}", flush=True)
     return RunResult(
         params={h: read_params(checkpoints, h) for h in horizons},
         losses=log.losses,

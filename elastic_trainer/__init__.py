@@ -33,7 +33,7 @@ from ._preemption import Preempted as Preempted
 from ._run_lock import RunLockedError as RunLockedError, StaleLockWarning as StaleLockWarning
 from ._models import Transformer as Transformer, next_token_loss as next_token_loss
 from ._trainer import FitResult as FitResult, Trainer as Trainer
-# RunReport: from ._report import RunReport as RunReport  (added with the typed report)
+from ._report import RunReport as RunReport
 from .hookspecs import hookimpl as hookimpl
 from ._grain import GrainDataset as GrainDataset
 from ._nnx import NnxModel as NnxModel
@@ -45,7 +45,7 @@ __all__ = [
     # the trainer and its result
     "Trainer",
     "FitResult",
-    # RunReport (added with the typed report)
+    "RunReport",
     "Checkpointer",
     "elastic_retry",
     "ElasticRun",

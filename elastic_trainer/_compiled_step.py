@@ -70,9 +70,9 @@ class CompiledStep(Protocol):
         """Every program one step runs (what ``benchmarks/memory.py`` accounts)."""
 
     def run(self, leaves: list[jax.Array], batch: PyTree, *, lr_scale: float, batch_size: int,
-            monitor: StepMonitor) -> tuple[list[jax.Array], jax.Array]:
+            monitor: StepMonitor) -> tuple[list[jax.Array], dict[str, jax.Array]]:
         """Run the step on the state's ``leaves`` and ``batch`` to its end, telling ``monitor`` as it goes; the
-        new leaves and the loss.
+        new leaves and the step's metrics (``loss``, and a ``has_aux`` loss's scalars).
 
         ``lr_scale`` multiplies the updates (a shrunk global batch's
         learning-rate rescaling, 1 otherwise) and ``batch_size`` is the global
@@ -124,21 +124,21 @@ class FusedStep:
         return (self.program,)
 
     def run(self, leaves: list[jax.Array], batch: PyTree, *, lr_scale: float, batch_size: int,
-            monitor: StepMonitor) -> tuple[list[jax.Array], jax.Array]:
-        """Run the step on ``leaves`` (donated) and ``batch`` to its end; the new leaves and the loss."""
+            monitor: StepMonitor) -> tuple[list[jax.Array], dict[str, jax.Array]]:
+        """Run the step on ``leaves`` (donated) and ``batch`` to its end; the new leaves and the metrics."""
         monitor.launching()
         try:
-            new_leaves, loss = self.program(leaves, batch, self.scalars.get(lr_scale, batch_size)[0])
+            new_leaves, metrics = self.program(leaves, batch, self.scalars.get(lr_scale, batch_size)[0])
         except Exception as error:  # noqa: BLE001 - it did not run: the donated state may be gone
-            raise StepInterrupted(error, leaves=None, loss=None) from error
+            raise StepInterrupted(error, leaves=None, metrics=None) from error
         monitor.dispatched()
         monitor.made(new_leaves)
         monitor.before_update()
         try:
-            monitor.wait([*new_leaves, loss], end=True)
+            monitor.wait([*new_leaves, *metrics.values()], end=True)
         except Exception as error:
-            raise StepInterrupted(error, leaves=None, loss=None) from error
-        return new_leaves, loss
+            raise StepInterrupted(error, leaves=None, metrics=None) from error
+        return new_leaves, metrics
 
 
 @dataclasses.dataclass(frozen=True)
@@ -165,22 +165,22 @@ class SplitStep:
         return (self.gradients, self.update)
 
     def run(self, leaves: list[jax.Array], batch: PyTree, *, lr_scale: float, batch_size: int,
-            monitor: StepMonitor) -> tuple[list[jax.Array], jax.Array]:
-        """Run the step on ``leaves`` and ``batch`` to its end; the new leaves and the loss. A failure before the
+            monitor: StepMonitor) -> tuple[list[jax.Array], dict[str, jax.Array]]:
+        """Run the step on ``leaves`` and ``batch`` to its end; the new leaves and the metrics. A failure before the
         update raises as it is (``leaves`` are whole); one during it, :class:`StepInterrupted` with the new leaves,
         whole on the processes that live."""
         monitor.launching()
-        gradients, loss = self.gradients(leaves, batch)
+        gradients, metrics = self.gradients(leaves, batch)
         monitor.dispatched()
-        monitor.wait([*gradients, loss], end=False)
+        monitor.wait([*gradients, *metrics.values()], end=False)
         monitor.before_update()
         try:
             new_leaves = self.update(leaves, gradients, *self.scalars.get(lr_scale, batch_size))
         except Exception as error:  # noqa: BLE001 - it did not run: the donated state may be gone, here too
-            raise StepInterrupted(error, leaves=None, loss=loss) from error
+            raise StepInterrupted(error, leaves=None, metrics=metrics) from error
         monitor.made(new_leaves)
         try:
             monitor.wait(new_leaves, end=True)
         except Exception as error:
-            raise StepInterrupted(error, leaves=new_leaves, loss=loss) from error
-        return new_leaves, loss
+            raise StepInterrupted(error, leaves=new_leaves, metrics=metrics) from error
+        return new_leaves, metrics

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 import jax
+
+if TYPE_CHECKING:
+    from ._run_report import RunReport
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,13 +62,15 @@ class StepInterrupted(Exception):
 
     :param error: what the failure raised (classified like any other).
     :param leaves: the state's leaves after the step, or ``None``.
-    :param loss: the step's loss, when the step is done (with ``leaves``).
+    :param metrics: the step's metrics (``loss``, and a ``has_aux`` loss's scalars), when the step is done (with
+        ``leaves``).
     :param phase: where in the step it failed, when not in its programs (``"boundary"``: a mode's work after it).
     """
 
-    def __init__(self, error: BaseException, *, leaves: list | None, loss, phase: str | None = None):
+    def __init__(self, error: BaseException, *, leaves: list | None, metrics: dict | None,
+                 phase: str | None = None):
         super().__init__(str(error))
-        self.error, self.leaves, self.loss, self.phase = error, leaves, loss, phase
+        self.error, self.leaves, self.metrics, self.phase = error, leaves, metrics, phase
 
 
 @dataclasses.dataclass(frozen=True)
@@ -196,9 +201,9 @@ class PluginError(RuntimeError):
 
 
 class TrainingStopped(RuntimeError):
-    """Training stopped before its last step; ``report`` holds the run report."""
+    """Training stopped before its last step; ``report`` holds the run report (a :class:`RunReport`)."""
 
-    def __init__(self, message: str, report: dict | None = None):
+    def __init__(self, message: str, report: RunReport | None = None):
         super().__init__(message)
         self.report = report
 

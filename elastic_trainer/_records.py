@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any, Literal
 
 import jax
@@ -15,6 +16,7 @@ from jax.sharding import Mesh
 from jaxtyping import PyTree
 
 from ._goodput import GoodputClock
+from ._json_records import JsonRecord
 from ._ledger import SampleLedger
 
 if TYPE_CHECKING:
@@ -89,7 +91,7 @@ class LoopState:
 
 
 @dataclasses.dataclass(frozen=True)
-class FailureRecord:
+class FailureRecord(JsonRecord):
     """One failure, as ``report["failures"]`` lists it (see the README's "Run report").
 
     Filled in as the recovery goes: detection first, then the strategy's
@@ -104,6 +106,32 @@ class FailureRecord:
     that did not happen (``fell_back_from``, ``regrouped``, the compile and
     restore of a recovery that stopped, spares on a cluster without) are left
     out of :meth:`to_json`.
+
+    :param step: the step that failed (steps completed before it).
+    :param phase: where it failed: ``train_step``, ``checkpoint_save``, ``checkpoint_restore``, ``boundary``, ...
+    :param slices: the slices lost (``slice`` in the report is the first of them).
+    :param kind: what was lost (``slice_lost``, ``timeout``, ...).
+    :param slices_before: the slices in use before it.
+    :param failed_at: when it was raised (``time.time()``).
+    :param detection_s: from then until the strategy had a plan.
+    :param action: what the strategy did (``scale_down``, ``pause_resume``, ``restart``, ``drop_replica``, ``stop``).
+    :param slices_after: the slices in use after the recovery.
+    :param restored_from: where the state came from: ``replica``, ``snapshot``, ``checkpoint`` or ``none``.
+    :param lost_steps: steps done again.
+    :param recovery_s: from the failure to the end of the first productive step after it.
+    :param ended_run: the failure stopped the run.
+    :param waiting_s: how long the recovery waited for slices.
+    :param fell_back_from: the strategies that declined before the one that acted (``fallback``).
+    :param regrouped: whether the processes regrouped onto a new group (``cluster=multiprocess``).
+    :param compile_s: the new layout's compile (or wait for it).
+    :param compile_cached: whether that compile already existed or was under way.
+    :param remesh_s: making the new mesh and moving the state onto it.
+    :param restore_s: reading the state back.
+    :param startup_s: a restart's new worker process's start-up, from the old one's end (a merged report).
+    :param processes: ``cluster=multiprocess``: the processes lost.
+    :param spares_taken: the spares that took the lost slices' places.
+    :param spares_left: the healthy spares still out of the mesh after it.
+    :param samples_skipped: ``drop_replica``: the samples whose training the dropped replica lost.
     """
 
     step: int
@@ -126,6 +154,7 @@ class FailureRecord:
     compile_cached: bool | None = None
     remesh_s: float | None = None
     restore_s: float | None = None
+    startup_s: float | None = None
     processes: tuple[int, ...] | None = None
     spares_taken: tuple[int, ...] | None = None
     spares_left: int | None = None
@@ -134,7 +163,7 @@ class FailureRecord:
     _REPORT_ORDER = (
         "step", "phase", "slice", "slices", "processes", "kind", "action", "slices_before", "slices_after", "restored_from",
         "lost_steps", "samples_skipped", "recovery_s", "ended_run", "failed_at", "detection_s", "waiting_s", "fell_back_from", "regrouped",
-        "compile_s", "compile_cached", "remesh_s", "restore_s", "spares_taken", "spares_left",
+        "compile_s", "compile_cached", "remesh_s", "restore_s", "startup_s", "spares_taken", "spares_left",
     )
 
     def to_json(self) -> dict[str, Any]:
@@ -149,20 +178,26 @@ class FailureRecord:
             "spares_taken": None if self.spares_taken is None else list(self.spares_taken),
         }
         optional = ("processes", "waiting_s", "fell_back_from", "regrouped", "compile_s", "compile_cached", "remesh_s",
-                    "restore_s", "spares_taken", "spares_left", "samples_skipped")
+                    "restore_s", "startup_s", "spares_taken", "spares_left", "samples_skipped")
         return {k: fields[k] for k in self._REPORT_ORDER if not (k in optional and fields[k] is None)}
 
 
 @dataclasses.dataclass(frozen=True)
-class ResizeRecord:
-    """A change of the slices in use, as ``report["resizes"]`` lists it.
+class ResizeRecord(JsonRecord):
+    """A change of the slices in use, as ``report["resizes"]`` lists it (``slices_after`` there is
+    ``len(slices)``).
 
+    :param step: the step boundary it was made at (steps completed).
     :param at: when it was done (``time.time()``).
     :param reason: ``"failure"``, ``"scale_up"``, ``"dropped"`` (a plugin took slices in use away at a step
         boundary: ``scale_down`` dropping a straggler), or ``"rejoined"`` (a scale-up onto slices whose
         processes came back as replacements on ``cluster=multiprocess``, their state sent by a live peer,
         no checkpoint read).
+    :param slices_before: the slices in use before it.
+    :param slices: the slices in use after it.
     :param seconds: the time it took (re-mesh, compile and state transfer).
+    :param compile_s: its layout's compile (or wait for it).
+    :param compile_cached: whether that compile already existed or was under way.
     :param state_from_peer: the processes of a ``"rejoined"`` resize's returning slices, which got the state
         from a live peer.
     """
@@ -188,7 +223,7 @@ class ResizeRecord:
 
 
 @dataclasses.dataclass(frozen=True)
-class CompileRecord:
+class CompileRecord(JsonRecord):
     """One layout's compiled step: when it was asked for and when it was ready, as ``report["compile_cache"]["layouts"]`` lists it.
 
     :param slices: the layout's slices.
@@ -197,6 +232,8 @@ class CompileRecord:
     :param started_at: when its compile started (later than ``requested_at`` while others were compiling first).
     :param ready_at: when it was ready to run (``None`` while compiling, or when the run ended first).
     :param loaded: loaded from JAX's persistent compilation cache rather than compiled.
+
+    The report's entry adds ``compile_s``, ``ready_at - started_at``.
     """
 
     slices: tuple[int, ...]
@@ -231,6 +268,9 @@ class FailureLog:
     def __getitem__(self, index: int) -> FailureRecord:
         return self._records[index]
 
+    def __iter__(self) -> Iterator[FailureRecord]:
+        return iter(self._records)
+
     def __len__(self) -> int:
         return len(self._records)
 
@@ -247,18 +287,23 @@ steps: tests/test_soak.py counts the live arrays)."""
 
 
 class StepHistory:
-    """The committed steps: their samples, losses and times, rolled back together. The trainer's loop
+    """The committed steps: their samples, metrics (the loss, and a ``has_aux`` loss's scalars) and times, rolled
+    back together. The trainer's loop
     (``_trainer.py``) alone writes it.
 
     :param ledger: the samples of the committed steps.
+    :param on_device: how many committed steps keep their metrics on the devices (:data:`LOSSES_ON_DEVICE`); 0
+        brings each step's to the host as it is committed, where a lost slice takes every array on it with it
+        (an ``AbstractWholeArrayLossCluster``: Pathways).
     """
 
-    def __init__(self, ledger: SampleLedger):
+    def __init__(self, ledger: SampleLedger, *, on_device: int = LOSSES_ON_DEVICE):
         self.ledger = ledger
-        self.losses: dict[int, jax.Array | float] = {}
-        """Each committed step's loss, by step: a float, or for the newest :data:`LOSSES_ON_DEVICE` steps or
-        more, the device array the step made."""
-        self._on_device: list[int] = []  # the steps whose loss is still a device array, in commit order
+        self._keep_on_device = on_device
+        self.metrics: dict[int, dict[str, jax.Array | float]] = {}
+        """Each committed step's metrics by name (``loss`` first), by step: floats, or for the newest
+        :data:`LOSSES_ON_DEVICE` steps or more, the device arrays the step made."""
+        self._on_device: list[int] = []  # the steps whose metrics are still device arrays, in commit order
         self.seconds: dict[int, float] = {}
         """Each committed step's wall time, by step."""
         self.slices: dict[int, tuple[int, ...]] = {}
@@ -284,28 +329,28 @@ class StepHistory:
     def start_at(self, position: int) -> None:
         """Count samples from data position ``position`` (where a resumed run continues); forget every step."""
         self.ledger = SampleLedger(self.ledger.num_samples, seed=self.ledger.seed, start_position=position)
-        self.losses, self.seconds, self.slices, self._on_device, self._dropped_time = {}, {}, {}, [], []
+        self.metrics, self.seconds, self.slices, self._on_device, self._dropped_time = {}, {}, {}, [], []
 
-    def commit(self, step: int, ids: np.ndarray, loss: jax.Array, *, slices: tuple[int, ...]) -> None:
-        """Record step ``step`` (0-based): its samples, split over ``slices``, and its loss (left on the device for
-        now)."""
+    def commit(self, step: int, ids: np.ndarray, metrics: dict[str, jax.Array], *, slices: tuple[int, ...]) -> None:
+        """Record step ``step`` (0-based): its samples, split over ``slices``, and its metrics (``loss`` and a
+        ``has_aux`` loss's scalars, left on the device for now)."""
         self.ledger.commit(step, ids)
         self.slices[step] = slices
-        self.losses[step] = loss
+        self.metrics[step] = metrics
         self._on_device.append(step)
-        if len(self._on_device) >= 2 * LOSSES_ON_DEVICE:
-            self._to_host(len(self._on_device) - LOSSES_ON_DEVICE)
+        if len(self._on_device) >= 2 * self._keep_on_device:
+            self._to_host(len(self._on_device) - self._keep_on_device)
 
     def losses_to_host(self) -> None:
-        """Bring every loss still on the devices to the host, in one transfer: before the backend that holds
+        """Bring every metric still on the devices to the host, in one transfer: before the backend that holds
         them is dropped (a rejoin restarts it, and arrays of the old backend must not be read after)."""
         self._to_host(len(self._on_device))
 
     def _to_host(self, count: int) -> None:
-        """The ``count`` oldest losses still on the devices, as floats."""
+        """The ``count`` oldest steps' metrics still on the devices, as floats."""
         older, self._on_device = self._on_device[:count], self._on_device[count:]
-        for older_step, value in zip(older, jax.device_get([self.losses[s] for s in older]), strict=True):
-            self.losses[older_step] = float(value)
+        for older_step, values in zip(older, jax.device_get([self.metrics[s] for s in older]), strict=True):
+            self.metrics[older_step] = {name: float(value) for name, value in values.items()}
 
     def time_step(self, step: int, seconds: float) -> None:
         """Add ``seconds`` to how long step ``step`` took, wall time (its run, then what follows until it is
@@ -316,7 +361,7 @@ class StepHistory:
         """Forget the steps from ``to_step`` on; the seconds they took, less those a slice's drop as of them had
         taken from earlier steps, which the state holds again (:meth:`drop_slice`)."""
         self.ledger.roll_back(to_step)
-        self.losses = {s: loss for s, loss in self.losses.items() if s < to_step}
+        self.metrics = {s: metrics for s, metrics in self.metrics.items() if s < to_step}
         self.slices = {s: slices for s, slices in self.slices.items() if s < to_step}
         self._on_device = [s for s in self._on_device if s < to_step]
         given_back = 0.0
@@ -346,7 +391,16 @@ class StepHistory:
 
     def ordered_losses(self) -> list[float]:
         """The committed steps' losses, in step order."""
-        return [float(loss) for _, loss in sorted(jax.device_get(self.losses).items())]
+        return self.ordered_metrics().get("loss", [])
+
+    def ordered_metrics(self) -> dict[str, list[float]]:
+        """The committed steps' metrics in step order, by name (``step``, counted as completed, first)."""
+        steps = sorted(self.metrics)
+        columns: dict[str, list[float]] = {"step": [step + 1 for step in steps]}
+        for values in jax.device_get([self.metrics[step] for step in steps]):
+            for name, value in values.items():
+                columns.setdefault(name, []).append(float(value))
+        return columns
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

@@ -39,7 +39,7 @@ def drop_replicas(ctx: TrainingContext, state: LoopState, done: StepResult, erro
     gone = lost_slices(ctx, layout.slices, dropped, state.incarnations)
     survivors = tuple(s for s in layout.slices if s not in gone)
     if not gone or len(survivors) < max(1, ctx.mode.min_slices):  # the failure flow classifies and records it
-        raise StepInterrupted(error, leaves=None, loss=None, phase=phase)
+        raise StepInterrupted(error, leaves=None, metrics=None, phase=phase)
     failure, index = classify(ctx, error, step=state.step, phase=phase, slices=layout.slices,
                               since=state.incarnations, detection=False)
     with ends_run_if_stopped(ctx, index):

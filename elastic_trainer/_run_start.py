@@ -15,7 +15,7 @@ from jaxtyping import PyTree
 from ._goodput import GoodputClock
 from ._layouts import Layouts
 from ._ledger import SampleLedger
-from ._records import FailureLog, RunContext, StepHistory
+from ._records import LOSSES_ON_DEVICE, FailureLog, RunContext, StepHistory
 from ._recovery import TrainingContext
 from .checkpoints._run_checkpoints import RunCheckpoints, refuse_to_overwrite
 from ._snapshots import HostSnapshots
@@ -30,6 +30,7 @@ from ._failures import PluginError, SpareWarning
 from ._plugins import answering
 from ._training_mode import AbstractTrainingMode, SynchronousMode
 from .clusters import AbstractMultiControllerCluster, admission_of, has_spares
+from .clusters._base import AbstractWholeArrayLossCluster
 
 if TYPE_CHECKING:
     from ._trainer import Trainer
@@ -53,7 +54,8 @@ def start_run(trainer: Trainer, *, watchdog: Watchdog, failures: FailureLog) -> 
     with clock.measure("startup"):
         train_arrays, static = eqx.partition(state, eqx.is_array)
         sample = jax.tree.map(np.asarray, trainer.data.get_batch(np.zeros(1, dtype=np.int64)))
-        functions = make_step_functions(trainer.loss_fn, trainer.optimizer, static, train_arrays)
+        functions = make_step_functions(trainer.loss_fn, trainer.optimizer, static, train_arrays,
+                                        has_aux=trainer.has_aux)
         check_fits(functions, train_arrays, sample, trainer.global_batch_size)
         arrays = _own_buffers(mode.init(train_arrays))
         step_cache = StepCache(functions, arrays, sample, within_slice=trainer.within_slice,
@@ -71,7 +73,9 @@ def start_run(trainer: Trainer, *, watchdog: Watchdog, failures: FailureLog) -> 
     ctx = TrainingContext(
         **vars(run), layouts=layouts, stragglers=StragglerWatch(trainer.straggler_rule),
         checkpoints=checkpoints, snapshots=HostSnapshots(trainer.snapshot_period, jax.tree.structure(arrays)),
-        history=StepHistory(SampleLedger(trainer.data.num_samples, seed=trainer.seed, start_position=0)),
+        history=StepHistory(SampleLedger(trainer.data.num_samples, seed=trainer.seed, start_position=0),
+                            on_device=0 if isinstance(trainer.cluster, AbstractWholeArrayLossCluster)
+                            else LOSSES_ON_DEVICE),
         abstract=jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), arrays), static=static,
         train_state=train_state, mode=mode,
         step_cache=step_cache, runner=StepRunner(trainer.cluster, trainer.data, watchdog, sample, hooks=trainer.hook,

@@ -29,8 +29,15 @@ from ._failures import ConfigError
 from ._mesh import WithinSlice, batch_sharding, replicated, state_shardings
 from ._state import TrainState
 
-LossFn = Callable[..., Array]
-"""``loss_fn(model, batch, *, key) -> scalar loss``."""
+LossFn = Callable[..., Array | tuple[Array, dict[str, Array]]]
+"""``loss_fn(model, batch, *, key) -> scalar loss``, or with ``has_aux=True`` ``-> (scalar loss, aux)``, ``aux`` a
+dict of scalars (as ``jax.value_and_grad(..., has_aux=True)`` takes)."""
+
+Metrics = dict[str, Array]
+"""A step's metrics: ``loss``, then the scalars of a loss's ``aux``."""
+
+RESERVED_METRICS = ("loss", "step")
+"""Names an aux scalar cannot take: the loss's, and the report history's step column."""
 
 StepFn = Callable[[PyTree, jax.Array, jax.Array], tuple[PyTree, dict[str, jax.Array]]]
 
@@ -50,8 +57,8 @@ def gradient_positions(arrays: PyTree) -> list[int]:
 class StepFunctions(NamedTuple):
     """The pure functions of a step over the array part of a :class:`TrainState`, as flat lists of its leaves.
 
-    ``step(leaves, batch, lr_scale) -> (leaves, loss)``: the whole step;
-    ``gradients(leaves, batch) -> (gradient leaves, loss)``: forward and
+    ``step(leaves, batch, lr_scale) -> (leaves, metrics)``: the whole step;
+    ``gradients(leaves, batch) -> (gradient leaves, metrics)``: forward and
     backward over the global batch (``batch`` is whatever the dataset's
     ``get_batch`` returns); ``update(leaves, gradient_leaves, lr_scale,
     batch_size) -> leaves``: the optimizer's update, the updates times
@@ -59,18 +66,20 @@ class StepFunctions(NamedTuple):
     otherwise), the step, key and data position moved on. ``step`` is
     ``update`` after ``gradients``. Flat lists, not the state's pytree:
     flattening Equinox modules on every call costs tens of microseconds a
-    step on the host.
+    step on the host. ``metrics`` (:data:`Metrics`) are the loss and its aux
+    scalars, computed over the global batch as the loss is.
     """
 
-    step: Callable[[list, PyTree, Array], tuple[list, Array]]
-    gradients: Callable[[list, PyTree], tuple[list, Array]]
+    step: Callable[[list, PyTree, Array], tuple[list, Metrics]]
+    gradients: Callable[[list, PyTree], tuple[list, Metrics]]
     update: Callable[[list, list, Array, Array], list]
 
 
-def make_step_functions(loss_fn: LossFn, optimizer: optax.GradientTransformation, static: PyTree, arrays: PyTree
-                        ) -> StepFunctions:
+def make_step_functions(loss_fn: LossFn, optimizer: optax.GradientTransformation, static: PyTree, arrays: PyTree,
+                        *, has_aux: bool = False) -> StepFunctions:
     """The step's functions for the state whose array part is ``arrays`` (arrays or shapes) and whose
-    non-array part is ``static`` (``eqx.partition(state, eqx.is_array)``)."""
+    non-array part is ``static`` (``eqx.partition(state, eqx.is_array)``); with ``has_aux``, ``loss_fn``
+    returns ``(loss, aux)``."""
     structure = jax.tree.structure(arrays)
     gradient_structure = jax.tree.structure(gradient_part(arrays.params))
 
@@ -78,10 +87,14 @@ def make_step_functions(loss_fn: LossFn, optimizer: optax.GradientTransformation
         """The state's key for the next step, and this step's."""
         return tuple(jax.random.split(jax.random.wrap_key_data(state.key)))
 
-    def gradients(leaves: list, batch: PyTree) -> tuple[list, Array]:
+    def loss_and_aux(params: PyTree, batch: PyTree, *, key: jax.Array) -> tuple[Array, Metrics]:
+        return split_loss_output(loss_fn(params, batch, key=key), has_aux=has_aux)
+
+    def gradients(leaves: list, batch: PyTree) -> tuple[list, Metrics]:
         state: TrainState = eqx.combine(structure.unflatten(leaves), static)
-        loss, grads = eqx.filter_value_and_grad(loss_fn)(state.params, batch, key=keys(state)[1])
-        return gradient_structure.flatten_up_to(grads), loss
+        (loss, aux), grads = eqx.filter_value_and_grad(loss_and_aux, has_aux=True)(state.params, batch,
+                                                                                    key=keys(state)[1])
+        return gradient_structure.flatten_up_to(grads), {"loss": loss, **aux}
 
     def update(leaves: list, gradient_leaves: list, lr_scale: Array, batch_size: Array) -> list:
         state: TrainState = eqx.combine(structure.unflatten(leaves), static)
@@ -99,12 +112,48 @@ def make_step_functions(loss_fn: LossFn, optimizer: optax.GradientTransformation
 
     gradients, update = TracedOnce(gradients), TracedOnce(update)
 
-    def step(leaves: list, batch: PyTree, lr_scale: Array) -> tuple[list, Array]:
-        gradient_leaves, loss = gradients(leaves, batch)
+    def step(leaves: list, batch: PyTree, lr_scale: Array) -> tuple[list, Metrics]:
+        gradient_leaves, metrics = gradients(leaves, batch)
         batch_size = jnp.asarray(jax.tree.leaves(batch)[0].shape[0], jnp.int32)
-        return update(leaves, gradient_leaves, lr_scale, batch_size), loss
+        return update(leaves, gradient_leaves, lr_scale, batch_size), metrics
 
     return StepFunctions(step, gradients, update)
+
+
+def split_loss_output(output: Any, *, has_aux: bool) -> tuple[Array, Metrics]:
+    """The loss and its aux scalars (none without ``has_aux``) of what a loss function returned, checked while
+    it is traced: a :class:`ConfigError` that says how to fix a loss whose output does not match ``has_aux``."""
+    fix_python, fix_cli = "Trainer(..., has_aux=True)", "loss.has_aux=true on the command line"
+    if not has_aux and isinstance(output, (tuple, list)):
+        raise ConfigError(
+            f"the loss returns a {type(output).__name__} of {len(output)}, not a scalar; if it returns (loss, aux), "
+            f"pass {fix_python} ({fix_cli}), else return the loss alone.")
+    if has_aux and not (isinstance(output, (tuple, list)) and len(output) == 2 and isinstance(output[1], dict)):
+        raise ConfigError(
+            f"has_aux is set but the loss returns {_described(output)}, not (loss, aux) with aux a dict of scalars; "
+            f"return (loss, {{'name': scalar, ...}}), or drop has_aux.")
+    loss, aux = output if has_aux else (output, {})
+    if jnp.shape(loss) != ():
+        raise ConfigError(f"the loss must be a scalar, but it has shape {jnp.shape(loss)}; reduce it (a mean over "
+                          "the batch).")
+    wrong = {name: _described(value) for name, value in aux.items() if not isinstance(name, str)
+             or name in RESERVED_METRICS or not hasattr(value, "shape") and not isinstance(value, (int, float))
+             or jnp.shape(value) != ()}
+    if wrong:
+        name, value = next(iter(wrong.items()))
+        raise ConfigError(
+            f"the loss's aux {name!r} is {value}; aux must map names (other than {' and '.join(RESERVED_METRICS)}) "
+            f"to scalars, such as a mean over the batch.")
+    return loss, {name: jnp.asarray(value) for name, value in aux.items()}
+
+
+def _described(value: Any) -> str:
+    """``value`` in a few words, for an error about a loss's output."""
+    if hasattr(value, "shape"):
+        return f"an array of shape {tuple(value.shape)}"
+    if isinstance(value, (tuple, list)):
+        return f"a {type(value).__name__} of {len(value)}"
+    return f"a {type(value).__name__}"
 
 
 class TracedOnce:
@@ -146,24 +195,27 @@ class TracedOnce:
 
 def make_step_fn(loss_fn: LossFn, optimizer: optax.GradientTransformation, static: PyTree, arrays: PyTree) -> StepFn:
     """The whole step as one pure function of the state's pytree, ``step(arrays, batch, lr_scale) -> (arrays,
-    {"loss"})``: what a hand-written loop jits (the benchmarks' baselines)."""
+    {"loss": loss})``: what a hand-written loop jits (the benchmarks' baselines)."""
     functions = make_step_functions(loss_fn, optimizer, static, arrays)
     structure = jax.tree.structure(arrays)
 
     def step(arrays: PyTree, batch: PyTree, lr_scale: jax.Array) -> tuple[PyTree, dict[str, jax.Array]]:
-        leaves, loss = functions.step(structure.flatten_up_to(arrays), batch, lr_scale)
-        return structure.unflatten(leaves), {"loss": loss}
+        leaves, metrics = functions.step(structure.flatten_up_to(arrays), batch, lr_scale)
+        return structure.unflatten(leaves), metrics
 
     return step
 
 
 def check_fits(functions: StepFunctions, arrays: PyTree, sample: PyTree, batch_size: int) -> None:
     """Raise :class:`ConfigError` when the loss cannot be computed on a batch of ``batch_size`` samples like
-    ``sample`` (a model that does not fit the data), before anything compiles; only shapes are traced, and the
+    ``sample`` (a model that does not fit the data) or returns what ``has_aux`` does not say (:func:`split_loss_output`),
+    before anything compiles; only shapes are traced, and the
     gradients' trace is the one the first layout's step then replays (:class:`TracedOnce`)."""
     batch = jax.tree.map(lambda a: jax.ShapeDtypeStruct((batch_size, *a.shape[1:]), a.dtype), sample)
     try:
         functions.gradients.trace(_abstract_leaves(arrays), batch)
+    except ConfigError as error:  # the loss's output does not match has_aux: said as such, without JAX's frames
+        raise ConfigError(str(error)) from None
     except Exception as error:  # noqa: BLE001 - any error of the user's model or loss on this batch
         described = str(jax.tree.map(lambda a: f"{a.dtype}{list(a.shape)}", sample))
         shapes = re.sub(r"'(\w+\[[^]]*\])'", r"\1", described)  # float32[1, 8], not 'float32[1, 8]'

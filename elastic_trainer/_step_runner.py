@@ -102,9 +102,9 @@ class StepRunner:
         batch = self._take_batch(layout, position)
         self._running = layout, since, step, position + layout.batch_size if prepare_next else None
         self._batch, self._dropped, self._slice_seconds = batch, {}, {}
-        leaves, loss = layout.compiled.run(self._leaves_of(arrays), batch.arrays, lr_scale=layout.lr_scale,
-                                           batch_size=layout.batch_size, monitor=self)
-        return StepResult(self._last[0], leaves, batch.ids, {"loss": loss}, self._dropped, self._slice_seconds)
+        leaves, metrics = layout.compiled.run(self._leaves_of(arrays), batch.arrays, lr_scale=layout.lr_scale,
+                                              batch_size=layout.batch_size, monitor=self)
+        return StepResult(self._last[0], leaves, batch.ids, metrics, self._dropped, self._slice_seconds)
 
     def boundary(self, layout: Layout, done: StepResult, *, step: int, since: tuple[int, ...]) -> StepResult:
         """Run ``layout``'s boundary work (a mode's outer step) on ``done``'s state after step ``step``, to
@@ -120,7 +120,7 @@ class StepRunner:
         """What the running step made when its update failed elsewhere (a split step's): the state the live
         processes hold, on the samples it ran."""
         leaves = interrupted.leaves
-        return StepResult(self._state_of(leaves), leaves, self._batch.ids, {"loss": interrupted.loss})
+        return StepResult(self._state_of(leaves), leaves, self._batch.ids, interrupted.metrics)
 
     def _state_of(self, leaves: list[jax.Array]) -> PyTree:
         """The state made of a step's new ``leaves``; the next step takes its leaves without flattening it."""
@@ -139,6 +139,11 @@ class StepRunner:
     def slices(self) -> tuple[int, ...]:
         """The slices of the running step's layout, in the mesh's order."""
         return self._running[0].slices
+
+    @property
+    def since(self) -> tuple[int, ...]:
+        """The cluster's incarnations as of the running step's state."""
+        return self._running[1]
 
     def launching(self, slices: Sequence[int] | None = None) -> None:
         """Before the step's first dispatch (on ``slices``, by default the layout's): a slice known to be lost

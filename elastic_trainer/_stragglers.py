@@ -16,6 +16,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from ._failures import ConfigError, check_at_least
+from ._json_records import JsonRecord
 from .clusters import vital_slices
 
 if TYPE_CHECKING:
@@ -41,7 +42,7 @@ class StragglerRule:
 
 
 @dataclasses.dataclass(frozen=True)
-class StragglerRecord:
+class StragglerRecord(JsonRecord):
     """One slice found to be a straggler, as ``report["stragglers"]`` lists it.
 
     :param slice: the slice.
@@ -60,10 +61,6 @@ class StragglerRecord:
     ratio: float
     recovered_at_step: int | None = None
     recovered_at: float | None = None
-
-    def to_json(self) -> dict[str, Any]:
-        """The report's entry."""
-        return dataclasses.asdict(self)
 
 
 class StragglerWatch:

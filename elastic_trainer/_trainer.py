@@ -30,7 +30,7 @@ from ._mesh import WithinSlice, put_on
 from ._plugins import GuardedHooks, make_plugin_manager, registers_hooks, strategy_name
 from ._preemption import Preempted, PreemptionWatch, stop_signals
 from ._records import FailureLog, LoopState
-from ._report import run_report
+from ._report import RunReport, run_report
 from ._recovery import TrainingContext, finish_recovery, survive
 from ._replica_drops import drop_replicas
 from ._restore_sources import checkpoint_onto
@@ -147,14 +147,14 @@ class FitResult(NamedTuple):
     """What :meth:`Trainer.fit` returns: the final train state and the run report."""
 
     state: TrainState
-    report: dict[str, Any]
+    report: RunReport
 
 
 class Trainer:
     """Trains an Equinox model data-parallel over a cluster's slices.
 
     :param model: the ``eqx.Module`` to train.
-    :param loss_fn: ``loss_fn(model, batch, *, key) -> scalar``.
+    :param loss_fn: ``loss_fn(model, batch, *, key) -> scalar``, or ``-> (scalar, aux)`` with ``has_aux``.
     :param optimizer: an optax gradient transformation.
     :param data: the dataset; batches are drawn by :func:`sample_ids`.
     :param steps: train until this many steps are completed.
@@ -184,6 +184,9 @@ class Trainer:
         Ctrl-C do (``"SIGUSR1"``): at the next step boundary, with a checkpoint
         of the last committed step (:class:`~elastic_trainer.Preempted`).
     :param straggler_rule: when a slice slower than the others is a straggler (:attr:`stragglers`).
+    :param has_aux: ``loss_fn`` returns ``(loss, aux)``, ``aux`` a dict of scalars (accuracy, perplexity, ...)
+        computed over the batch like the loss (as ``jax.value_and_grad(..., has_aux=True)`` takes it); they
+        reach the progress line, :class:`~elastic_trainer.RunReport`'s ``history`` and the metrics loggers.
 
     With a checkpointer, :meth:`fit` holds the lock of the checkpoint
     directory and of ``run_dir`` for the run's life (process 0 of several),
@@ -215,6 +218,7 @@ class Trainer:
         preemption_signal: str | int | None = None,
         max_cached_layouts: int = DEFAULT_MAX_LAYOUTS,
         straggler_rule: StragglerRule = StragglerRule(),
+        has_aux: bool = False,
     ):
         check_trainer_settings(steps=steps, global_batch_size=global_batch_size, snapshot_period=snapshot_period,
                                step_timeout_s=step_timeout_s, within_slice=within_slice,
@@ -223,6 +227,7 @@ class Trainer:
             raise ConfigError("resuming needs a checkpointer; pass checkpointer= (checkpoint.dir from the CLI).")
         self.cluster = SimulatedCluster() if cluster is None else cluster
         self.model, self.loss_fn, self.optimizer, self.data = model, loss_fn, optimizer, data
+        self.has_aux = has_aux
         self.steps, self.global_batch_size, self.seed = steps, global_batch_size, seed
         self.within_slice, self.snapshot_period = within_slice, snapshot_period
         self.max_cached_layouts, self.straggler_rule = max_cached_layouts, straggler_rule
@@ -381,7 +386,7 @@ class Trainer:
                     raise
                 done = ctx.runner.result_of(interrupted)
                 failure = interrupted.error
-            ctx.history.commit(state.step, done.ids, done.metrics["loss"], slices=state.layout.slices)
+            ctx.history.commit(state.step, done.ids, done.metrics, slices=state.layout.slices)
         ctx.history.time_step(state.step, time.time() - began)
         try:
             if done.dropped:
@@ -413,7 +418,7 @@ class Trainer:
                 state, done = drop_replicas(ctx, state, done, lost, lost.slices, phase="boundary")
                 self._state = state
             except Exception as error:  # noqa: BLE001 - the step took the state before it: none is whole now
-                raise StepInterrupted(error, leaves=None, loss=None, phase="boundary") from error
+                raise StepInterrupted(error, leaves=None, metrics=None, phase="boundary") from error
         return state, done
 
     def _save(self, state: LoopState) -> PhaseEnd:
@@ -449,8 +454,7 @@ def _finish(trainer: Trainer, state: LoopState, stopped: TrainingStopped | None)
             stopped = ctx.checkpoints.finish_saving(stopped)
     ctx.clock.stop()
     ctx.step_cache.close()
-    report = run_report(trainer, ctx, state)
-    report["stopped"] = None if stopped is None else str(stopped)
+    report = run_report(trainer, ctx, state, stopped=None if stopped is None else str(stopped))
     trainer.hook.et_run_end(trainer=trainer, report=report)
     if stopped is not None:
         stopped.report = report

@@ -25,7 +25,7 @@ fire in this order::
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import pluggy
 
@@ -36,6 +36,7 @@ if TYPE_CHECKING:
     from jax.sharding import Mesh
 
     from ._failures import Failure, RecoveryPlan
+    from ._run_report import RunReport
     from ._state import TrainState
     from ._training_mode import AbstractTrainingMode
     from ._protocols import RunView, TrainerView
@@ -129,7 +130,8 @@ def et_step_end(trainer: RunView, step: int, metrics: dict[str, jax.Array]) -> N
 
     :param trainer: the running trainer.
     :param step: the number of steps completed, counting this one (1-based).
-    :param metrics: the step's metrics (``loss`` at least) as device arrays.
+    :param metrics: the step's metrics as device arrays: ``loss``, and the
+        scalars of a loss with ``has_aux`` by their names.
         Reading one (``float(metrics["loss"])``) copies it to the host, so
         read them only as often as you need them.
 
@@ -138,12 +140,14 @@ def et_step_end(trainer: RunView, step: int, metrics: dict[str, jax.Array]) -> N
 
 
 @hookspec
-def et_run_end(trainer: TrainerView, report: dict[str, Any]) -> None:
+def et_run_end(trainer: TrainerView, report: RunReport) -> None:
     """Called once when training ends, normally or because it was stopped.
 
     :param trainer: the trainer that ran.
-    :param report: the run report (the ``report.json`` contract). Plugins may
-        add keys; they should not change the ones the core wrote.
+    :param report: the run report (:class:`~elastic_trainer.RunReport`, what
+        ``report.json`` holds), frozen. A plugin adds keys of its own with
+        ``report.extra[name] = value`` (call it ``tryfirst`` to have them
+        in ``report.json``, which the built-in reporter writes).
 
     Return value is ignored.
     """

@@ -173,16 +173,16 @@ class DiLoCoMode(etp.AbstractTrainingMode):
             return self._programs[key]
 
 
-def _inner_step(functions: etp.StepFunctions) -> Callable[[list, PyTree, jax.Array], tuple[list, jax.Array]]:
+def _inner_step(functions: etp.StepFunctions) -> Callable[[list, PyTree, jax.Array], tuple[list, dict]]:
     """The inner step of one slice: gradients over its share (averaged over its own devices), then the run's
     optimizer's update; the step's position moves on by the whole step's batch (``batch_size``). One function
     for every slice: JAX traces and lowers it once and compiles it for each slice's devices (four slices' first
     layout took 1.6 s with a function per slice, a quarter of that with one)."""
 
-    def inner(rows: list, batch: PyTree, batch_size: jax.Array) -> tuple[list, jax.Array]:
+    def inner(rows: list, batch: PyTree, batch_size: jax.Array) -> tuple[list, dict]:
         leaves = [r[0] for r in rows]
-        gradients, loss = functions.gradients(leaves, batch)
-        return [n[None] for n in functions.update(leaves, gradients, jnp.float32(1.0), batch_size)], loss
+        gradients, metrics = functions.gradients(leaves, batch)
+        return [n[None] for n in functions.update(leaves, gradients, jnp.float32(1.0), batch_size)], metrics
 
     return inner
 
@@ -311,14 +311,15 @@ class DiLoCoStep:
         return [i for i, program in enumerate(self.inner) if program is not None]
 
     def run(self, leaves: list[jax.Array], batch: PyTree, *, lr_scale: float, batch_size: int,
-            monitor: etp.StepMonitor) -> tuple[list[jax.Array], jax.Array]:
+            monitor: etp.StepMonitor) -> tuple[list[jax.Array], dict[str, float]]:
         """Each slice's inner step on its own row and share of ``batch``; a slice lost before or during its
         program is dropped (its row goes with it) and the others go on. With fewer than ``min_slices`` left, the
         step fails as a whole (:class:`~elastic_trainer.plugin.StepInterrupted`: the failure flow takes over).
 
         On a runtime of several processes, each runs its own slices' programs, and a step's end is its own
         programs' end: the processes meet only at the outer step (:meth:`boundary`), where a process lost
-        meanwhile is found. The loss is the mean of this process's slices'."""
+        meanwhile is found. The loss (and each aux scalar of a ``has_aux`` loss) is the mean of this process's
+        slices', each computed over its equal share of the batch."""
         rows, outer = leaves[:self.replica_leaves], leaves[self.replica_leaves:]
         slices, own = self.mesh.shape[etp.SLICE_AXIS], self.own
         meets = jax.process_count() == 1  # one process: every slice's end is checked, as a step's end is
@@ -326,31 +327,31 @@ class DiLoCoStep:
         views = [list(v) for v in zip(*(self._rows(j, a) for j, a in enumerate(rows)), strict=True)]
         batch_leaves, structure = jax.tree.flatten(batch)
         made: dict[int, list[jax.Array]] = {}
-        losses, lost, started, announced = [], None, False, False
+        slice_metrics, lost, started, announced = [], None, False, False
         for view, i in zip(views, own, strict=True):
             slice_id, program = monitor.slices[i], self.inner[i]
             share = structure.unflatten([_view(b, [i], (b.shape[0] // slices, *b.shape[1:])) for b in batch_leaves])
             try:
                 monitor.launching([slice_id])
                 started = True  # rows are donated from here on
-                new, loss = program(view, share, self._size(program, batch_size))
+                new, metrics = program(view, share, self._size(program, batch_size))
                 monitor.dispatched()
                 if not announced:  # the first program runs
                     announced = True
                     monitor.before_update()
-                monitor.wait([*new, loss], end=meets, slices=[slice_id])
+                monitor.wait([*new, *metrics.values()], end=meets, slices=[slice_id])
             except et.SliceLostError as error:  # this slice's row goes with it; the others go on
                 monitor.dropped([slice_id], error)
                 lost = error
                 continue
             except Exception as error:  # noqa: BLE001 - not a slice's loss: the step fails as a whole
                 if started:
-                    raise etp.StepInterrupted(error, leaves=None, loss=None) from error
+                    raise etp.StepInterrupted(error, leaves=None, metrics=None) from error
                 raise
             made[i] = new
-            losses.append(loss)
+            slice_metrics.append(metrics)
         if not made:  # every slice of this process lost: no row is left
-            raise etp.StepInterrupted(lost, leaves=None, loss=None)
+            raise etp.StepInterrupted(lost, leaves=None, metrics=None)
         kept = [i for i in range(slices) if i in made or i not in own]
         mesh = self.mesh if len(kept) == slices else Mesh(self.mesh.devices[kept], self.mesh.axis_names)
         new_rows = [_assemble([made[i][j] for i in sorted(made)], mesh, self.row_shardings[j].spec, rows[j])
@@ -361,7 +362,8 @@ class DiLoCoStep:
                 self._remember(j, new_rows[j], [made[i][j] for i in own])
         new_leaves = new_rows + (outer if len(kept) == slices else [_view(a, kept, a.shape) for a in outer])
         monitor.made(new_leaves)
-        return new_leaves, float(np.mean(jax.device_get(losses)))
+        got = jax.device_get(slice_metrics)
+        return new_leaves, {name: float(np.mean([m[name] for m in got])) for name in got[0]}
 
     def _rows(self, leaf: int, array: jax.Array) -> list[jax.Array]:
         """This process's slices' rows of ``array`` (:attr:`own`), the replica leaf at ``leaf``: the rows the last

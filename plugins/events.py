@@ -22,11 +22,11 @@ class EventLog:
     - ``step``: a completed step (``step`` counts completed steps) and the ``slices`` it ran on;
     - ``checkpoint_save``: the time the step loop blocked on saving ``step``;
     - ``restore``: restoring ``step`` from ``source`` (replica, snapshot or checkpoint);
-    - ``failure``: a failure as in ``report["failures"]``;
+    - ``failure``: a failure as in ``report.json``'s ``failures``;
     - ``recovery``: from a failure until the end of the first productive step after it;
     - ``resize``: the mesh changed from ``slices_before`` to ``slices_after`` slices, for ``reason``.
     - ``checkpoint_failure``: the save of ``step`` failed for I/O (``cause``), found at ``time``; training went on.
-    - ``straggler``: a straggler as in ``report["stragglers"]``, from when it was found (to when it recovered).
+    - ``straggler``: a straggler as in ``report.json``'s ``stragglers``, from when it was found (to when it recovered).
     """
 
     def __init__(self):
@@ -69,7 +69,7 @@ class EventLog:
         self._span("restore", step=step, source=source)
 
     @et.hookimpl
-    def et_run_end(self, trainer: etp.TrainerView, report: dict) -> None:
+    def et_run_end(self, trainer: etp.TrainerView, report: et.RunReport) -> None:
         """Add the report's failures, recoveries, resizes and failed checkpoint saves; write ``events.jsonl``
         to the run directory."""
         self.events += etp.report_events(report)

@@ -6,6 +6,8 @@ import abc
 import time
 from pathlib import Path
 
+import jax
+
 import elastic_trainer as et
 import elastic_trainer.plugin as etp
 
@@ -13,8 +15,9 @@ import elastic_trainer.plugin as etp
 class AbstractMetricsSink(abc.ABC):
     """A plugin that reports the run's scalars to a sink.
 
-    Every step: ``train/loss``, ``train/samples_per_s`` and ``train/slices``
-    (the slices in use). At the end: ``run/goodput``, each badput category
+    Every step: ``train/loss`` (and ``train/<name>`` for each aux scalar of a
+    loss with ``has_aux``), ``train/samples_per_s`` and ``train/slices`` (the
+    slices in use). At the end: ``run/goodput``, each badput category
     (``badput/<category>_s``), and for each failure, at its step,
     ``failures/recovery_s``, ``failures/lost_steps`` and, on a cluster with
     spares, ``failures/spares_taken`` and ``failures/spares_left`` (and at the
@@ -55,30 +58,31 @@ class AbstractMetricsSink(abc.ABC):
 
     @et.hookimpl
     def et_step_end(self, trainer: etp.TrainerView, step: int, metrics: dict) -> None:
-        """Write the step's loss, throughput and slices in use."""
+        """Write the step's loss and aux scalars, throughput and slices in use."""
         if step % self.every == 0:
             seconds = max(time.time() - self._step_began, 1e-9)
-            self.write("train/loss", float(metrics["loss"]), step)
+            for name, value in jax.device_get(metrics).items():  # one transfer
+                self.write(f"train/{name}", float(value), step)
             self.write("train/samples_per_s", trainer.global_batch_size / seconds, step)
             self.write("train/slices", len(trainer.slices), step)
 
     @et.hookimpl
-    def et_run_end(self, report: dict) -> None:
+    def et_run_end(self, report: et.RunReport) -> None:
         """Write the run's goodput, badput and failures; close the sink."""
-        end = report["steps_completed"]
-        self.write("run/goodput", report["goodput"], end)
-        for category, seconds in report["badput_s"].items():
+        end = report.steps_completed
+        self.write("run/goodput", report.goodput, end)
+        for category, seconds in report.badput_s.to_json().items():
             self.write(f"badput/{category}_s", seconds, end)
-        for failure in report["failures"]:
-            if failure["recovery_s"] is not None:  # null: the run ended before it recovered
-                self.write("failures/recovery_s", failure["recovery_s"], failure["step"])
-            self.write("failures/lost_steps", failure["lost_steps"], failure["step"])
-            if "spares_left" in failure:  # a cluster with spares
-                self.write("failures/spares_taken", len(failure["spares_taken"]), failure["step"])
-                self.write("failures/spares_left", failure["spares_left"], failure["step"])
-        if report.get("spares"):
-            self.write("run/spares_in_use", len(report["spares"]["in_use"]), end)
-            self.write("run/spares_left", report["spares"]["left"], end)
+        for failure in report.failures:
+            if failure.recovery_s is not None:  # None: the run ended before it recovered
+                self.write("failures/recovery_s", failure.recovery_s, failure.step)
+            self.write("failures/lost_steps", failure.lost_steps, failure.step)
+            if failure.spares_left is not None:  # a cluster with spares
+                self.write("failures/spares_taken", len(failure.spares_taken), failure.step)
+                self.write("failures/spares_left", failure.spares_left, failure.step)
+        if report.spares:
+            self.write("run/spares_in_use", len(report.spares.in_use), end)
+            self.write("run/spares_left", report.spares.left, end)
         self.close()
 
 

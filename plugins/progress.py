@@ -1,9 +1,10 @@
-"""Built-in progress display: step, loss and throughput while training runs."""
+"""Built-in progress display: step, loss (and a ``has_aux`` loss's scalars) and throughput while training runs."""
 
 from __future__ import annotations
 
 import time
 
+import jax
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
@@ -14,8 +15,9 @@ import elastic_trainer.plugin as etp
 class ProgressPlugin:
     """A rich progress bar on a terminal; plain periodic lines otherwise.
 
-    The loss is read from the device at most every ``refresh_s`` seconds on a
-    terminal, and ``lines`` times per run otherwise, so that showing it does
+    The loss, and the aux scalars of a loss with ``has_aux``, are read from
+    the device (in one transfer) at most every ``refresh_s`` seconds on a
+    terminal, and ``lines`` times per run otherwise, so that showing them does
     not stall the asynchronous step loop.
     """
 
@@ -37,12 +39,12 @@ class ProgressPlugin:
                 TextColumn("[bold]train"),
                 BarColumn(),
                 MofNCompleteColumn(),
-                TextColumn("loss {task.fields[loss]}"),
+                TextColumn("loss {task.fields[loss]}{task.fields[aux]}"),
                 TextColumn("{task.fields[rate]} samples/s"),
                 TimeRemainingColumn(),
                 console=self.console,
             )
-            self._task = self._progress.add_task("train", total=self._total, loss="-", rate="-")
+            self._task = self._progress.add_task("train", total=self._total, loss="-", aux="", rate="-")
             self._progress.start()
 
     @et.hookimpl
@@ -58,15 +60,18 @@ class ProgressPlugin:
             if self._progress:
                 self._progress.update(self._task, completed=step)
             return
-        loss = float(metrics["loss"])
+        values = jax.device_get(metrics)
+        loss = float(values["loss"])
+        aux = "".join(f"  {name} {float(value):.4f}" for name, value in values.items() if name != "loss")
         now = time.perf_counter()
         last_step, last_time = self._last
         rate = (step - last_step) * self._batch / (now - last_time) if step > last_step else float("nan")
         self._last = (step, now)
         if self._progress:
-            self._progress.update(self._task, completed=step, loss=f"{loss:.4f}", rate=f"{rate:,.0f}")
+            self._progress.update(self._task, completed=step, loss=f"{loss:.4f}", aux=aux, rate=f"{rate:,.0f}")
         else:
-            self.console.print(f"step {step}/{self._total}  loss {loss:.4f}  {rate:,.0f} samples/s", highlight=False)
+            self.console.print(f"step {step}/{self._total}  loss {loss:.4f}{aux}  {rate:,.0f} samples/s",
+                               highlight=False)
 
     @et.hookimpl
     def et_run_end(self) -> None:

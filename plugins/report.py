@@ -12,11 +12,11 @@ SAMPLES_FILE = "samples.npz"
 
 
 @et.hookimpl
-def et_run_end(trainer: etp.TrainerView, report: dict) -> None:
+def et_run_end(trainer: etp.TrainerView, report: et.RunReport) -> None:
     """Write the report and the sample ledger (when the trainer has a run directory); print the summary."""
     written = None
     if trainer.run_dir is not None:
-        written = etp.write_report(trainer.run_dir, report)
+        written = report.write(trainer.run_dir)
         np.savez(trainer.run_dir / SAMPLES_FILE, **trainer.ledger.to_arrays())
     Console().print(etp.summary_table(report))
     if written is not None:

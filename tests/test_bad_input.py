@@ -93,6 +93,8 @@ BAD_VALUES = [
      "cluster.devices_per_process=2); change one of them."),
     ("cluster/multiprocess.spare_slices", ["cluster=multiprocess", "cluster.spare_slices=-1"],
      "cluster.spare_slices must be at least 0, got -1."),
+    ("cluster/pathways.spare_slices", ["cluster=pathways", "cluster.spare_slices=-1"],
+     "cluster.spare_slices must be at least 0, got -1."),
     ("cluster/multiprocess.devices_per_process", ["cluster=multiprocess", "cluster.devices_per_process=0"],
      "cluster.devices_per_process must be at least 1, got 0."),
     ("cluster/multiprocess.processes_per_slice", ["cluster=multiprocess", "cluster.processes_per_slice=0"],
@@ -374,9 +376,8 @@ def assert_fails_with(result, message: str) -> None:
     (["trainer.steps=ten"], "trainer.steps: value 'ten' of type 'str' could not be converted to Integer."),
     # the multi-process launcher checks the config before it starts any process (each would say it again)
     (["cluster=multiprocess", "cluster.heartbeat_timeout_s=0"], "cluster.heartbeat_timeout_s must be at least 1, got 0."),
-    (["cluster=pathways", "cluster.spare_slices=1"], "cluster=pathways keeps no spare slices: cluster.spare_slices is "
-     "cluster=simulated's and cluster=multiprocess's only"),
-], ids=["slices", "steps", "multiprocess", "spares_on_pathways"])
+    (["cluster=pathways", "cluster.spare_slices=-1"], "cluster.spare_slices must be at least 0, got -1."),
+], ids=["slices", "steps", "multiprocess", "pathways"])
 def test_a_bad_value_through_the_cli_touches_no_checkpoint(checkpoints, tmp_path, case, message):
     before = checksums(checkpoints)
     result = resume_cli(checkpoints, tmp_path / "run", *case)

@@ -28,7 +28,8 @@ class FakePathways(et.PathwaysCluster):
 
     def __init__(self):
         devices = jax.devices()
-        super().__init__(FakeHealthChecker, {index: devices[2 * i: 2 * i + 2] for i, index in enumerate(PATHWAYS_INDICES)})
+        super().__init__(FakeHealthChecker, slice_to_devices={
+            index: devices[2 * i: 2 * i + 2] for i, index in enumerate(PATHWAYS_INDICES)})
 
     def synchronize(self, call, slices, *, since):
         if any(PATHWAYS_INDICES[s] in DOWN for s in slices):
@@ -45,7 +46,7 @@ class LoseSlice11:
 def test_pathways_health_checks_and_slice_down_errors_drive_scale_down(tiny_trainer_kwargs):
     DOWN.clear()
     cluster = FakePathways()
-    assert cluster.describe() == {"kind": "pathways", "slices": 4, "devices_per_slice": 2}
+    assert cluster.describe() == {"kind": "pathways", "slices": 4, "devices_per_slice": 2, "spare_slices": 0}
     assert cluster.healthy_slices() == [0, 1, 2, 3]
     state, report = et.Trainer(**tiny_trainer_kwargs(
         steps=6, global_batch_size=24, cluster=cluster, strategy=ScaleDown(compile_ahead=False), plugins=[LoseSlice11()],

@@ -15,12 +15,12 @@ def test_only_the_newest_losses_stay_on_the_devices_and_a_roll_back_forgets_the_
     history = StepHistory(SampleLedger(10_000, seed=0, start_position=0))
     steps = 3 * LOSSES_ON_DEVICE
     for step in range(steps):
-        history.commit(step, np.arange(step * 2, step * 2 + 2), jnp.float32(step), slices=(0,))
-    on_device = [step for step, loss in history.losses.items() if isinstance(loss, jax.Array)]
+        history.commit(step, np.arange(step * 2, step * 2 + 2), {"loss": jnp.float32(step)}, slices=(0,))
+    on_device = [step for step, metrics in history.metrics.items() if isinstance(metrics["loss"], jax.Array)]
     assert LOSSES_ON_DEVICE <= len(on_device) < 2 * LOSSES_ON_DEVICE and min(on_device) > steps - 2 * LOSSES_ON_DEVICE
     history.roll_back(LOSSES_ON_DEVICE // 2)  # into the steps whose losses are floats already
     for step in range(LOSSES_ON_DEVICE // 2, steps):  # trained again, each loss now 1000 more
-        history.commit(step, np.arange(step * 2, step * 2 + 2), jnp.float32(1000 + step), slices=(0,))
+        history.commit(step, np.arange(step * 2, step * 2 + 2), {"loss": jnp.float32(1000 + step)}, slices=(0,))
     kept = LOSSES_ON_DEVICE // 2
     assert history.ordered_losses() == [float(s) for s in range(kept)] + [1000.0 + s for s in range(kept, steps)]
 
@@ -29,12 +29,12 @@ def test_before_a_backend_restart_every_loss_comes_to_the_host_and_later_steps_g
     # a rejoin restarts the backend (_take_back.py): the losses must not stay its arrays
     history = StepHistory(SampleLedger(10_000, seed=0, start_position=0))
     for step in range(LOSSES_ON_DEVICE + 3):
-        history.commit(step, np.arange(step * 2, step * 2 + 2), jnp.float32(step), slices=(0,))
+        history.commit(step, np.arange(step * 2, step * 2 + 2), {"loss": jnp.float32(step)}, slices=(0,))
     history.losses_to_host()
-    assert all(type(loss) is float for loss in history.losses.values())
+    assert all(type(metrics["loss"]) is float for metrics in history.metrics.values())
     for step in range(LOSSES_ON_DEVICE + 3, 3 * LOSSES_ON_DEVICE):
-        history.commit(step, np.arange(step * 2, step * 2 + 2), jnp.float32(step), slices=(0,))
-    on_device = [step for step, loss in history.losses.items() if isinstance(loss, jax.Array)]
+        history.commit(step, np.arange(step * 2, step * 2 + 2), {"loss": jnp.float32(step)}, slices=(0,))
+    on_device = [step for step, metrics in history.metrics.items() if isinstance(metrics["loss"], jax.Array)]
     assert LOSSES_ON_DEVICE <= len(on_device) < 2 * LOSSES_ON_DEVICE
     assert history.ordered_losses() == [float(s) for s in range(3 * LOSSES_ON_DEVICE)]
 
@@ -49,7 +49,7 @@ def test_a_dropped_slice_skips_its_share_of_each_step_since_and_a_roll_back_to_b
     position = 0
     for step, slices in enumerate([(0, 1, 2)] * 4 + [(0, 2)] * 2):
         ids = sample_ids(10_000, seed=0, start=position, count=4 * len(slices))  # the data order's
-        history.commit(step, ids, jnp.float32(step), slices=slices)
+        history.commit(step, ids, {"loss": jnp.float32(step)}, slices=slices)
         history.time_step(step, 1.0)
         position += len(ids)
     skipped, seconds = history.drop_slice(2, since=2, until=6, at=5)

@@ -81,6 +81,13 @@ class AbstractCluster(abc.ABC):
         """
 
 
+class AbstractWholeArrayLossCluster(AbstractCluster):
+    """A cluster whose lost slice takes every array on it with it as a whole, replicated ones included (their
+    copies on other slices are not read), and for good (Pathways, as pathwaysutils' ``DeviceLossSimulator``
+    models it). The trainer then brings each committed step's metrics to the host as the step ends, not in
+    batches (``LOSSES_ON_DEVICE``): after a loss, the ones left on the devices could not be read."""
+
+
 class AbstractTimedCluster(AbstractCluster):
     """A cluster that times each slice's own part of a step: what finding stragglers needs."""
 

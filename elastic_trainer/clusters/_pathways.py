@@ -8,9 +8,9 @@ from typing import Any
 
 import jax
 
-from ._base import AbstractCluster
+from ._base import AbstractSpareCluster, AbstractWholeArrayLossCluster
 from .._extras import import_extra
-from .._failures import ConfigError, Failure, SliceLostError
+from .._failures import ConfigError, Failure, SliceLostError, check_at_least
 from ..hookspecs import hookimpl
 
 
@@ -21,16 +21,26 @@ def _pathwaysutils_elastic() -> Any:
     )
 
 
-class PathwaysCluster(AbstractCluster):
+class PathwaysCluster(AbstractSpareCluster, AbstractWholeArrayLossCluster):
     """Slices as Pathways reports them: ``device.slice_index`` groups the
     devices, pathwaysutils' health checker says which slices are up (as in
     MaxText's elastic mode), and its classification of slice-down errors
     feeds the ``et_classify_failure`` hook (the trainer registers the cluster
     as a plugin).
 
+    A lost slice takes every array on it with it, for good: as pathwaysutils'
+    own model of a device loss (``pathwaysutils.test.mock_fault_injection``)
+    has it, an array made before the loss stays unreadable after the slice is
+    back. Each time the health checker finds a slice down that was up, the
+    slice's :meth:`incarnations` count goes up, so nothing placed on it before
+    is used again.
+
     :param health_checker: a ``pathwaysutils.elastic.elastic.SliceHealthChecker``
         subclass, or its import path (``"module:Class"``); ``None`` for
         pathwaysutils' default, which runs a tiny computation on every slice.
+    :param spare_slices: how many of the job's slices (the last ones) stay out
+        of the mesh as spares, each ready to take a lost slice's place
+        (``+strategy=hot_swap``).
     :param slice_to_devices: the devices of each Pathways slice index; by
         default ``get_slice_to_devices(jax.devices())``.
     """
@@ -38,13 +48,18 @@ class PathwaysCluster(AbstractCluster):
     kind = "pathways"
 
     def __init__(
-        self, health_checker: type | str | None = None, slice_to_devices: Mapping[int, Sequence[jax.Device]] | None = None
+        self, health_checker: type | str | None = None, spare_slices: int = 0,
+        slice_to_devices: Mapping[int, Sequence[jax.Device]] | None = None,
     ):
+        check_at_least("cluster.spare_slices", spare_slices, 0)
         self._elastic = _pathwaysutils_elastic()
         if isinstance(health_checker, str):
             health_checker = load_health_checker(health_checker)
         self.health_checker = health_checker or self._elastic.DefaultSliceHealthChecker
+        self.spare_slices = spare_slices
         self._given_slices = slice_to_devices
+        self._failures: dict[int, int] = {}  # by our slice index: how often the health checker found it gone
+        self._down: set[int] = set()  # our slices the health checker found down last
 
     def configure_jax(self) -> None:
         """Let pathwaysutils set up JAX for Pathways (it does nothing unless ``JAX_PLATFORMS`` names ``proxy``)."""
@@ -53,7 +68,11 @@ class PathwaysCluster(AbstractCluster):
     @property
     def slice_indices(self) -> list[int]:
         """Pathways' slice indices, in the order of our slices 0, 1, ..."""
-        return sorted(self._slice_to_devices())
+        indices = sorted(self._slice_to_devices())
+        if self.spare_slices >= len(indices):
+            raise ConfigError(f"cluster.spare_slices ({self.spare_slices}) must be fewer than the job's "
+                              f"{len(indices)} Pathways slices; lower it.")
+        return indices
 
     def slice_devices(self) -> list[list[jax.Device]]:
         """The devices of every slice, in slice-index order."""
@@ -61,15 +80,27 @@ class PathwaysCluster(AbstractCluster):
         return [list(mapping[index]) for index in self.slice_indices]
 
     def describe(self) -> dict:
-        """``kind``, ``slices`` and ``devices_per_slice``."""
+        """``kind``, ``slices`` (in the mesh, spares left out), ``devices_per_slice`` and ``spare_slices``."""
         devices = self.slice_devices()
-        return {"kind": self.kind, "slices": len(devices), "devices_per_slice": len(devices[0]) if devices else 0}
+        return {"kind": self.kind, "slices": len(devices) - self.spare_slices,
+                "devices_per_slice": len(devices[0]) if devices else 0, "spare_slices": self.spare_slices}
 
     def healthy_slices(self) -> list[int]:
-        """The slices pathwaysutils' health checker finds active."""
+        """The slices pathwaysutils' health checker finds active; one found down that was up counts as lost
+        (:meth:`incarnations`)."""
         mapping = self._slice_to_devices()
         active = self._elastic.get_active_slice_indices(mapping, self.health_checker(mapping))
-        return [ours for ours, index in enumerate(self.slice_indices) if index in active]
+        healthy = [ours for ours, index in enumerate(self.slice_indices) if index in active]
+        down = set(range(len(mapping))) - set(healthy)
+        for ours in down - self._down:
+            self._failures[ours] = self._failures.get(ours, 0) + 1
+        self._down = down
+        return healthy
+
+    def incarnations(self) -> tuple[int, ...]:
+        """How often the health checker found each slice gone, having been up: what was placed on a slice before
+        its count changed is gone, even once the slice is back."""
+        return tuple(self._failures.get(ours, 0) for ours in range(len(self.slice_indices)))
 
     @hookimpl(tryfirst=True)
     def et_classify_failure(self, error: BaseException, step: int, phase: str) -> Failure | None:

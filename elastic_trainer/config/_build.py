@@ -9,7 +9,7 @@ from typing import Any
 import jax
 from hydra.errors import InstantiationException
 from hydra.utils import instantiate
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from ..checkpoints._checkpointer import Checkpointer
 from ..clusters import AbstractCluster, AbstractMultiControllerCluster, admission_of, has_spares
@@ -38,7 +38,8 @@ def build_trainer(
         checkpointer=_checkpointer(cfg.checkpoint, run_dir, cluster=cluster),
         resume=cfg.checkpoint.resume,
         model=_instantiate(cfg, "model", key=jax.random.fold_in(jax.random.key(cfg.seed), 0)),
-        loss_fn=_instantiate(cfg, "loss"),
+        loss_fn=_instantiate(OmegaConf.create({"loss": _without(cfg.loss, "has_aux")}), "loss"),
+        has_aux=cfg.loss.get("has_aux", False),
         optimizer=_instantiate(cfg, "optimizer"),
         data=_instantiate(cfg, "data"),
         cluster=cluster,
@@ -94,6 +95,12 @@ def _checkpointer(cfg: DictConfig, run_dir: str | Path | None, *, cluster: Abstr
         max_failed_saves=cfg.max_failed_saves, admission=admission_of(cluster),
         processes=cluster.live_processes() if spares_wait else None,
     )
+
+
+def _without(node: DictConfig, key: str) -> DictConfig:
+    """``node`` without ``key``: a setting of the trainer's kept in a section whose other keys build an object
+    (``loss.has_aux``)."""
+    return OmegaConf.masked_copy(node, [k for k in node if k != key])
 
 
 def _instantiate(cfg: DictConfig, section: str, **kwargs: Any) -> Any:

@@ -178,11 +178,14 @@ class AdamWConfig:
 
 
 @dataclasses.dataclass
-class FunctionConfig:
-    """A function named by ``_target_`` (``loss=next_token``)."""
+class LossConfig:
+    """``loss``: the loss function named by ``_target_`` (``loss=next_token``), and what it returns."""
 
     _target_: str = MISSING
     _partial_: bool = True
+    has_aux: bool = default_of(Trainer, "has_aux")
+    """the loss returns ``(loss, aux)``, ``aux`` a dict of scalars (accuracy, ...) shown in the progress line,
+    the report's ``history`` and the logger (``Trainer(has_aux=True)``)."""
 
 
 def schema_of(
@@ -306,6 +309,7 @@ class Config:
     optimizer: Any = MISSING
     """how to update: an optax gradient transformation."""
     loss: Any = MISSING
+    """what to minimise: ``loss_fn(model, batch, *, key) -> scalar`` (``-> (scalar, aux)`` with ``loss.has_aux``)."""
     """what to minimise: ``loss_fn(model, batch, *, key) -> scalar``."""
     strategy: Any = None
     """what to do when a slice is lost (none: a failure stops the run)."""
@@ -346,7 +350,7 @@ def register_configs() -> None:
         ("model", "transformer", TransformerConfig),
         ("data", "stdlib_text", StdlibTextConfig),
         ("optimizer", "adamw", AdamWConfig),
-        ("loss", "function", FunctionConfig),
+        ("loss", "function", LossConfig),
         ("strategy", "scale_down", ScaleDownConfig),
         ("strategy", "pause_resume", PauseResumeConfig),
         ("strategy", "full_restart", FullRestartConfig),

@@ -300,8 +300,9 @@ def check_values(overrides: list[str]) -> DictConfig | None:
 def _no_spares_message(overrides: list[Override]) -> str:
     """One sentence for ``cluster.spare_slices`` set on a cluster that keeps no spare slices."""
     kind = next((o.value() for o in overrides if o.key_or_group == "cluster"), "?")
-    return (f"cluster={kind} keeps no spare slices: cluster.spare_slices is cluster=simulated's and "
-            "cluster=multiprocess's only (docs/clusters.md, \"Spare slices\"); drop it, or choose one of those.")
+    return (f"cluster={kind} keeps no spare slices: cluster.spare_slices is cluster=simulated's, "
+            "cluster=multiprocess's and cluster=pathways's only (docs/clusters.md, \"Spare slices\"); drop it, or "
+            "choose one of those.")
 
 
 def _failed_key(error: ConfigCompositionException, overrides: list[Override]) -> str:

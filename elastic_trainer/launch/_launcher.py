@@ -76,7 +76,7 @@ def launch(
     return restart_until_done(
         run_attempt, overrides=overrides, run_dir=run_dir, max_restarts=max_restarts, started_at=started_at,
         restarting=f"all {num_processes} processes", giving_up="the group", stop_signals=stop_signals,
-        report_extras=lambda: {"process_exits": exits},
+        report_extras=lambda: {"process_exits": tuple(exits)},
     )
 
 

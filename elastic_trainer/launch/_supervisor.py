@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -16,7 +17,8 @@ from rich.console import Console
 
 from ._processes import POLL_S, ProcessGroup, StopRequest
 from .._preemption import exit_status
-from .._report import merge_worker_reports, report_events, summary_table, write_report
+from .._report import RunReport, merge_worker_reports, report_events, summary_table
+from .._run_report import CheckpointInfo
 
 EVENTS = "events.jsonl"
 
@@ -109,29 +111,30 @@ def restart_until_done(
                 status = exit_status(stop.signum)  # stopped: never restarted
             if not trained:
                 return status  # nothing trained (bad input, or stopped first): the attempt said why
-            reports.append(json.loads((run_dir / worker_file("report.json", attempt)).read_text()))
+            reports.append(RunReport.load(run_dir / worker_file("report.json", attempt)))
             with np.load(run_dir / worker_file("samples.npz", attempt)) as samples:
                 ledgers.append(dict(samples))
             if status != RESTART_EXIT_CODE:
                 break
             if attempt >= max_restarts:
-                reports[-1]["stopped"] = f"{giving_up} gave up after {max_restarts} restarts (strategy.max_restarts)."
+                reports[-1] = dataclasses.replace(
+                    reports[-1], stopped=f"{giving_up} gave up after {max_restarts} restarts (strategy.max_restarts).")
                 status = 3
                 break
             print(f"elastic_trainer: restarting {restarting} (restart {attempt + 1})", flush=True)
-            resume = ["checkpoint.resume=true"] if _holds_checkpoints(reports[-1]["checkpoint"]) else []
-        report = {**merge_worker_reports(reports, ledgers, started_at=started_at), **report_extras()}
-        report_file = write_report(run_dir, report)  # a stop signal now waits for the merged report
+            resume = ["checkpoint.resume=true"] if _holds_checkpoints(reports[-1].checkpoint) else []
+        report = dataclasses.replace(merge_worker_reports(reports, ledgers, started_at=started_at), **report_extras())
+        report_file = report.write(run_dir)  # a stop signal now waits for the merged report
         merge_worker_events(run_dir, report, workers=len(reports))
     Console().print(summary_table(report))
     print(f"report: {report_file}")
     return status
 
 
-def _holds_checkpoints(checkpoint: dict[str, Any] | None) -> bool:
-    """Whether the run's checkpoint directory (``report["checkpoint"]``) holds a committed step (Orbax names it
+def _holds_checkpoints(checkpoint: CheckpointInfo | None) -> bool:
+    """Whether the run's checkpoint directory (``report.checkpoint``) holds a committed step (Orbax names it
     by the step alone; an uncommitted one is ``<step>.orbax-checkpoint-tmp-...``)."""
-    directory = Path(checkpoint["dir"]) if checkpoint else None
+    directory = Path(checkpoint.dir) if checkpoint else None
     return directory is not None and directory.is_dir() and any(p.name.isdigit() for p in directory.iterdir())
 
 
@@ -155,7 +158,7 @@ def run_worker(command: list[str], *, env: dict[str, str], stop: StopRequest) ->
     return worker.returncode
 
 
-def merge_worker_events(run_dir: Path, report: dict, *, workers: int) -> None:
+def merge_worker_events(run_dir: Path, report: RunReport, *, workers: int) -> None:
     """One ``events.jsonl`` for the run: every worker's steps, saves and restores,
     each marked with its ``worker``, and the failures, recoveries and resizes of
     the merged report (a restart's recovery spans two workers)."""

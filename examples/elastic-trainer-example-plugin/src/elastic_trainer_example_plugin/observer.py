@@ -38,10 +38,10 @@ class StepCounter:
         self.last_step = step
 
     @et.hookimpl(tryfirst=True)
-    def et_run_end(self, report: dict) -> None:
+    def et_run_end(self, report: et.RunReport) -> None:
         """Add the counts to the report before the built-in reporter writes it, and log them."""
         redone = sum(restore["redone"] for restore in self.restores)
-        report[REPORT_KEY] = {"step_ends": self.step_ends, "redone": redone, "restores": self.restores}
+        report.extra[REPORT_KEY] = {"step_ends": self.step_ends, "redone": redone, "restores": self.restores}
         logger.info(
             "step_counter: %d step ends, %d restores, %d steps redone.", self.step_ends, len(self.restores), redone
         )
