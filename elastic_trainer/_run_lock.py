@@ -21,6 +21,9 @@ arbitrates between hosts (unless mounted with ``nolock`` or
 ``local_lock=flock|all``); on FUSE filesystems such as gcsfuse, and on local
 disks, it is known only to the host that took it, so two hosts can both take
 it. There, one job per checkpoint directory is the scheduler's business.
+A checkpoint directory on object storage (``gs://``) is locked with a
+conditional write of an object instead, renewed as a lease
+(:mod:`._object_store_lock`): that one holds across hosts.
 
 One job is one owner: the process that starts the job's processes (the
 multi-process launcher, the full-restart supervisor, the command line) takes
@@ -42,8 +45,10 @@ import time
 import warnings
 from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import Protocol
 
 from ._failures import ConfigError
+from .checkpoints._storage import is_object_store
 
 LOCK_FILE = ".elastic_trainer.lock"
 """The lock's file, inside the locked directory."""
@@ -169,6 +174,28 @@ class DirectoryLock:
         self._fd = None
 
 
+class RunLock(Protocol):
+    """A directory's lock: :class:`DirectoryLock`, or on object storage an ``ObjectStoreLock``."""
+
+    def acquire(self) -> bool: ...
+
+    def release(self) -> None: ...
+
+
+def run_lock(directory: str | os.PathLike[str], *, name: str) -> RunLock:
+    """The lock of ``directory``: a file lock, or for a ``gs://`` URL a conditional write of an object."""
+    if is_object_store(directory):
+        from ._object_store_lock import ObjectStoreLock  # tensorstore, only for object storage
+
+        return ObjectStoreLock(os.fspath(directory), name=name)
+    return DirectoryLock(directory, name=name)
+
+
+def lock_key(directory: str | os.PathLike[str]) -> str:
+    """How :data:`HOLDER_ENV` names ``directory``: its URL, or its resolved local path."""
+    return os.fspath(directory).rstrip("/") if is_object_store(directory) else str(Path(directory).resolve())
+
+
 def _same_file(fd: int, path: Path) -> bool:
     """Whether ``fd`` is still the file at ``path``."""
     try:
@@ -183,8 +210,8 @@ def held_by_job(directory: str | Path) -> bool:
     holder = json.loads(os.environ.get(HOLDER_ENV, "null"))
     if not holder or holder["pid"] not in (os.getpid(), os.getppid()):
         return False
-    directory = Path(directory).resolve()
-    return any(directory.is_relative_to(held) for held in holder["dirs"])
+    key = lock_key(directory)
+    return any(key == held or key.startswith(held.rstrip("/") + "/") for held in holder["dirs"])
 
 
 @contextlib.contextmanager
@@ -198,20 +225,20 @@ def hold_run_locks(directories: Sequence[tuple[str | Path, str]], *, for_job: bo
     process and its children not to contend for them; without (a trainer),
     a second trainer in the same process is refused like any other run.
     """
-    taken: list[DirectoryLock] = []
+    taken: list[tuple[RunLock, str]] = []
     previous_env = os.environ.get(HOLDER_ENV)
     try:
         for directory, name in directories:
             if held_by_job(directory):
                 continue
-            lock = DirectoryLock(directory, name=name)
+            lock = run_lock(directory, name=name)
             if lock.acquire():
-                taken.append(lock)
+                taken.append((lock, lock_key(directory)))
         if taken and for_job:  # one job: the directories an enclosing holder named stay named
             enclosing = json.loads(previous_env or "null")
             held = enclosing["dirs"] if enclosing and enclosing["pid"] in (os.getpid(), os.getppid()) else []
             os.environ[HOLDER_ENV] = json.dumps(
-                {"pid": os.getpid(), "dirs": [*held, *(str(lock.directory.resolve()) for lock in taken)]})
+                {"pid": os.getpid(), "dirs": [*held, *(key for _, key in taken)]})
         yield
     finally:
         if taken and for_job:
@@ -219,5 +246,5 @@ def hold_run_locks(directories: Sequence[tuple[str | Path, str]], *, for_job: bo
                 os.environ.pop(HOLDER_ENV, None)
             else:
                 os.environ[HOLDER_ENV] = previous_env
-        for lock in reversed(taken):
+        for lock, _ in reversed(taken):
             lock.release()

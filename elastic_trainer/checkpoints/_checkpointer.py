@@ -9,6 +9,8 @@ from collections.abc import Collection, Iterator
 from pathlib import Path
 from typing import Any, Literal
 
+from etils import epath
+
 import jax
 import numpy as np
 import orbax.checkpoint as ocp
@@ -22,6 +24,7 @@ from .._failures import ConfigError
 from ._group_barrier import GroupBarrier, hide_given_up_saves
 from ..clusters.multicontroller._rejoin import Admission
 from ._save_schedule import SaveSchedule
+from ._storage import checkpoint_path, is_object_store
 from ._orbax_handler import state_handler
 from ..config._settings import check_checkpoint_settings
 
@@ -30,7 +33,7 @@ FIRST_SAVE_TIMEOUT_S = 300
 
 
 def orbax_manager(
-    directory: Path, *, max_to_keep: int, async_save: bool, active_processes: set[int] | None,
+    directory: epath.Path, *, max_to_keep: int, async_save: bool, active_processes: set[int] | None,
     barrier: GroupBarrier | None,
 ) -> ocp.CheckpointManager:
     """An Orbax manager of ``directory`` whose saves synchronize ``active_processes`` (``None``: every process
@@ -87,12 +90,13 @@ class Checkpointer:
     :meth:`save_over` makes the live ones a group of their own (an Orbax manager with ``active_processes``), so
     that saves go on without the dead; a save that a loss interrupts never commits.
 
-    The directory must be a writable directory (it is created if missing), or the constructor raises
+    The directory must be a writable directory (it is created if missing), or a ``gs://BUCKET/PATH`` URL of a
+    bucket that exists (Orbax writes there through tensorstore and etils' ``epath``), or the constructor raises
     :class:`ConfigError`. A checkpoint found unreadable is marked with :meth:`mark_unreadable`: it is no longer
     listed, and it is never deleted or overwritten (a save of its step first moves it aside, to
     ``<step>.unreadable``).
 
-    :param directory: where the checkpoints go (one folder per step).
+    :param directory: where the checkpoints go (one folder per step): a local directory or ``gs://BUCKET/PATH``.
     :param period: save every this many steps, or ``"auto"``.
     :param max_to_keep: keep at most this many checkpoints; older ones are deleted.
     :param async_save: commit in the background.
@@ -107,7 +111,7 @@ class Checkpointer:
 
     def __init__(
         self,
-        directory: str | Path,
+        directory: str | os.PathLike[str],
         *,
         period: int | Literal["auto"] = 100,
         max_to_keep: int = 3,
@@ -119,7 +123,8 @@ class Checkpointer:
     ):
         check_checkpoint_settings(period=period, max_to_keep=max_to_keep, mtbf_s=mtbf_s,
                                   max_failed_saves=max_failed_saves)
-        self.directory = Path(directory).absolute()
+        self.directory = checkpoint_path(directory)
+        """Where the checkpoints go: an absolute local path, or a ``gs://`` URL (an ``etils.epath.Path``)."""
         _check_directory(self.directory)
         self.schedule = SaveSchedule(period, mtbf_s)
         """Which steps to save (:meth:`SaveSchedule.due`), re-planned after each save (:meth:`SaveSchedule.saved`)."""
@@ -355,7 +360,7 @@ class Checkpointer:
         self.manager.close()
 
 
-def _check_same_state(manager: ocp.CheckpointManager, directory: Path, step: int, like: PyTree) -> None:
+def _check_same_state(manager: ocp.CheckpointManager, directory: epath.Path, step: int, like: PyTree) -> None:
     """Raise :class:`ConfigError` unless step ``step`` holds arrays with ``like``'s names, shapes and dtypes."""
     stored = _flat_arrays(manager.item_metadata(step)["state"])
     wanted = _flat_arrays(like)
@@ -370,8 +375,13 @@ def _check_same_state(manager: ocp.CheckpointManager, directory: Path, step: int
         )
 
 
-def _check_directory(directory: Path) -> None:
-    """Raise :class:`ConfigError` unless ``directory`` is, or can be created as, a writable directory."""
+def _check_directory(directory: epath.Path) -> None:
+    """Raise :class:`ConfigError` unless ``directory`` is, or can be created as, a writable directory (on object
+    storage: unless its bucket exists)."""
+    if is_object_store(directory):
+        _check_bucket(directory)
+        return
+    directory = Path(directory)
     if directory.exists() and not directory.is_dir():
         raise ConfigError(f"checkpoint.dir {directory} is a file, not a directory; point checkpoint.dir at a directory.")
     try:
@@ -384,6 +394,21 @@ def _check_directory(directory: Path) -> None:
         raise ConfigError(
             f"checkpoint.dir {directory} is not writable; fix its permissions or choose another checkpoint.dir."
         )
+
+
+def _check_bucket(directory: epath.Path) -> None:
+    """Raise :class:`ConfigError` unless the bucket of ``directory`` (``gs://BUCKET/...``) can be reached and exists."""
+    bucket = epath.Path("/".join(str(directory).split("/")[:3]))
+    try:
+        exists = bucket.exists()
+    except Exception as error:  # noqa: BLE001 - gcsfs's errors of the storage and of the credentials
+        raise ConfigError(
+            f"checkpoint.dir {directory} cannot be reached ({type(error).__name__}: {str(error).splitlines()[0]}); "
+            "check the bucket's name and the credentials (the Google Cloud application default credentials)."
+        ) from error
+    if not exists:
+        raise ConfigError(f"checkpoint.dir {directory}: the bucket {bucket} does not exist; create it, or "
+                          "choose another checkpoint.dir.")
 
 
 def _flat_arrays(tree: PyTree) -> dict[str, tuple[tuple[int, ...], np.dtype] | None]:

@@ -3,6 +3,7 @@ checkpoints moved aside, and the noise of Orbax's background threads kept off th
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import logging
 import os
@@ -12,12 +13,13 @@ import sys
 import time
 import warnings
 from collections.abc import Callable, Collection
-from pathlib import Path
 from typing import NamedTuple
 
 import orbax.checkpoint as ocp
+from etils import epath
 
 from .._failures import CheckpointWarning
+from ._storage import is_object_store
 
 BACKGROUND_LOGGER = "elastic_trainer.orbax"
 """The logger that gets what Orbax's background work raises where nobody catches it; the command line's
@@ -28,6 +30,13 @@ UNREADABLE_SUFFIX = ".unreadable"
 
 _TENSORSTORE_ERRNO = re.compile(r"\[os_error_code='(\d+)'\]")
 """How tensorstore (Orbax's array writer) names the OS error of a failed write in its ``ValueError``."""
+
+_TENSORSTORE_OBJECT_STORE = re.compile(r"^([A-Z][A-Z_]+): Error \w+ (gs://\S+?):? ")
+"""How tensorstore's ``ValueError`` of a failed request to object storage begins: its status, and the object
+(``PERMISSION_DENIED: Error writing gs://bucket/run/4/state/...: ...``)."""
+
+_HTTP_STATUS = re.compile(r"\[http_response_code='(\d+)'\]")
+"""The storage's HTTP answer, when tensorstore's error has one."""
 
 
 class SaveEnded(NamedTuple):
@@ -52,7 +61,9 @@ def io_cause(error: BaseException | None) -> str | None:
 
     An :class:`OSError` anywhere in the chain of causes counts, and so does
     tensorstore's ``ValueError`` that carries the OS error code of the write
-    that failed (how Orbax surfaces a full disk while it writes arrays).
+    that failed (how Orbax surfaces a full disk while it writes arrays), or
+    that a request to object storage failed (``gs://``: refused, or
+    unanswered after tensorstore's retries), and gcsfs's ``HttpError``.
     """
     seen = set()
     while error is not None and id(error) not in seen:
@@ -62,6 +73,12 @@ def io_cause(error: BaseException | None) -> str | None:
         match = _TENSORSTORE_ERRNO.search(str(error))
         if match:
             return _in_words(int(match.group(1)))
+        match = _TENSORSTORE_OBJECT_STORE.search(str(error))
+        if match:
+            http = _HTTP_STATUS.search(str(error))
+            return f"{match.group(1)}{f' (HTTP {http.group(1)})' if http else ''} from {match.group(2)}"
+        if type(error).__module__.startswith("gcsfs"):  # gcsfs.retry.HttpError: the storage's answer
+            return f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
         error = error.__cause__ or error.__context__
     return None
 
@@ -71,11 +88,23 @@ def _in_words(code: int) -> str:
     return f"{errno.errorcode.get(code, f'errno {code}')}: {os.strerror(code)}"
 
 
-def remove_temporary(directory: Path, steps: Collection[int]) -> None:
-    """Remove Orbax's temporary folders of ``steps`` in ``directory`` (what failed saves of them left), if any."""
+def remove_temporary(directory: epath.Path, steps: Collection[int]) -> None:
+    """Remove Orbax's temporary folders of ``steps`` in ``directory`` (what failed saves of them left), if any.
+
+    On object storage Orbax's temporary folder is the step's own folder without its ``commit_success.txt``.
+    """
     for name in ocp.path.step.tmp_checkpoints(directory):
         if ocp.path.step.step_from_checkpoint_name(name) in steps:
-            shutil.rmtree(directory / name, ignore_errors=True)
+            _remove_tree(directory / name)
+
+
+def _remove_tree(path: epath.Path) -> None:
+    """Remove the folder ``path`` and what it holds, as far as the storage lets (the next call tries again)."""
+    if not is_object_store(path):
+        shutil.rmtree(path, ignore_errors=True)
+        return
+    with contextlib.suppress(OSError):  # gcsfs's errors of the storage; gone already
+        path.rmtree(missing_ok=True)
 
 
 class FailedSaves:
@@ -91,7 +120,7 @@ class FailedSaves:
     at the next save of its step.
     """
 
-    def __init__(self, directory: Path):
+    def __init__(self, directory: epath.Path):
         self._directory = directory
         self._steps: set[int] = set()
 
@@ -114,7 +143,7 @@ class FailedSaves:
             remove_temporary(self._directory, self._steps)
 
 
-def move_aside(directory: Path, step: int) -> None:
+def move_aside(directory: epath.Path, step: int) -> None:
     """Move the unreadable checkpoint of ``step`` to ``<step>.unreadable`` (numbered if taken), untouched, with a
     warning, so that a new save of ``step`` can go ahead."""
     source, target, number = directory / str(step), directory / f"{step}{UNREADABLE_SUFFIX}", 1

@@ -7,11 +7,13 @@ from pathlib import Path
 from typing import Any
 
 import jax
+from etils import epath
 from hydra.errors import InstantiationException
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from ..checkpoints._checkpointer import Checkpointer
+from ..checkpoints._storage import checkpoint_path
 from ..clusters import AbstractCluster, AbstractMultiControllerCluster, admission_of, has_spares
 from .._failures import ConfigError
 from .._stragglers import StragglerRule
@@ -78,11 +80,13 @@ def build_strategy(cfg: DictConfig) -> object | None:
     return None if cfg.strategy is None else _instantiate(cfg, "strategy")
 
 
-def checkpoint_directory(cfg: DictConfig, run_dir: str | Path | None) -> Path | None:
-    """Where the checkpoints of ``cfg`` (the ``checkpoint`` section) go: ``dir``, else ``checkpoints/`` in
-    the run directory; ``None`` when checkpoints are off or there is neither."""
+def checkpoint_directory(cfg: DictConfig, run_dir: str | Path | None) -> epath.Path | None:
+    """Where the checkpoints of ``cfg`` (the ``checkpoint`` section) go: ``dir`` (a local directory or a ``gs://``
+    URL), else ``checkpoints/`` in the run directory; ``None`` when checkpoints are off or there is neither.
+
+    Raises :class:`ConfigError` for a URL of a scheme Orbax cannot write to."""
     directory = cfg.dir or (run_dir and Path(run_dir) / "checkpoints")
-    return Path(directory) if cfg.enabled and directory else None
+    return checkpoint_path(directory) if cfg.enabled and directory else None
 
 
 def _checkpointer(cfg: DictConfig, run_dir: str | Path | None, *, cluster: AbstractCluster) -> Checkpointer | None:

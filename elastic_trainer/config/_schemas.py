@@ -124,7 +124,7 @@ class CheckpointConfig:
 
     def __post_init__(self):
         check_checkpoint_settings(period=self.period, max_to_keep=self.max_to_keep, mtbf_s=self.mtbf_s,
-                                  max_failed_saves=self.max_failed_saves)
+                                  max_failed_saves=self.max_failed_saves, directory=self.dir)
         if self.resume and not self.enabled:
             raise ConfigError("checkpoint.resume needs checkpoint.enabled=true.")
 

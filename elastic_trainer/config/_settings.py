@@ -9,6 +9,7 @@ the constructor for code that builds the objects itself.
 from __future__ import annotations
 
 from .._failures import ConfigError, check_at_least
+from ..checkpoints._storage import checkpoint_path
 from ..checkpoints._young_daly import check_mtbf
 
 
@@ -108,9 +109,12 @@ def check_period(period: object) -> None:
 
 
 def check_checkpoint_settings(
-    *, period: object, max_to_keep: int, mtbf_s: float | None, max_failed_saves: int
+    *, period: object, max_to_keep: int, mtbf_s: float | None, max_failed_saves: int, directory: str | None = None
 ) -> None:
-    """Raise :class:`ConfigError` with one sentence for any bad ``checkpoint.*`` value."""
+    """Raise :class:`ConfigError` with one sentence for any bad ``checkpoint.*`` value (``directory``: a URL of a
+    scheme Orbax cannot write to)."""
+    if directory is not None:
+        checkpoint_path(directory)
     check_period(period)
     check_mtbf(mtbf_s)
     check_at_least("checkpoint.max_to_keep", max_to_keep, 1)

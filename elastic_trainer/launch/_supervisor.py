@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from etils import epath
 from rich.console import Console
 
 from ._processes import POLL_S, ProcessGroup, StopRequest
@@ -134,7 +135,7 @@ def restart_until_done(
 def _holds_checkpoints(checkpoint: CheckpointInfo | None) -> bool:
     """Whether the run's checkpoint directory (``report.checkpoint``) holds a committed step (Orbax names it
     by the step alone; an uncommitted one is ``<step>.orbax-checkpoint-tmp-...``)."""
-    directory = Path(checkpoint.dir) if checkpoint else None
+    directory = epath.Path(checkpoint.dir) if checkpoint else None  # a local path or a gs:// URL
     return directory is not None and directory.is_dir() and any(p.name.isdigit() for p in directory.iterdir())
 
 
