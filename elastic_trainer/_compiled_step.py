@@ -38,6 +38,11 @@ class StepMonitor(Protocol):
     def slices(self) -> tuple[int, ...]:
         """The slices of the running step's layout, in the order of its mesh's slice axis."""
 
+    @property
+    def since(self) -> tuple[int, ...]:
+        """The cluster's incarnations as of the state the step runs on: device data put before a slice's count
+        changed is gone (:meth:`~elastic_trainer.clusters.AbstractCluster.incarnations`)."""
+
     def launching(self, slices: Sequence[int] | None = None) -> None:
         """Just before the step's first program is dispatched (on ``slices``): a slice known to be lost raises
         here, the state still whole."""
@@ -95,8 +100,13 @@ class DeviceScalars:
     def __init__(self, mesh: Mesh):
         self._sharding = replicated(mesh)
         self._values: dict[tuple, tuple[jax.Array, jax.Array]] = {}
+        self._since: tuple[int, ...] | None = None
 
-    def get(self, lr_scale: float, batch_size: int) -> tuple[jax.Array, jax.Array]:
+    def get(self, lr_scale: float, batch_size: int, *, since: tuple[int, ...]) -> tuple[jax.Array, jax.Array]:
+        """The two scalars on the mesh; put again once a slice failed after they were put (``since`` is the
+        cluster's incarnations now): a lost slice takes every array on it with it, even once it is back."""
+        if since != self._since:
+            self._values, self._since = {}, since
         key = (lr_scale, batch_size)
         if key not in self._values:
             self._values[key] = jax.device_put((np.float32(lr_scale), np.int32(batch_size)), self._sharding)
@@ -128,7 +138,8 @@ class FusedStep:
         """Run the step on ``leaves`` (donated) and ``batch`` to its end; the new leaves and the metrics."""
         monitor.launching()
         try:
-            new_leaves, metrics = self.program(leaves, batch, self.scalars.get(lr_scale, batch_size)[0])
+            lr = self.scalars.get(lr_scale, batch_size, since=monitor.since)[0]
+            new_leaves, metrics = self.program(leaves, batch, lr)
         except Exception as error:  # noqa: BLE001 - it did not run: the donated state may be gone
             raise StepInterrupted(error, leaves=None, metrics=None) from error
         monitor.dispatched()
@@ -175,7 +186,7 @@ class SplitStep:
         monitor.wait([*gradients, *metrics.values()], end=False)
         monitor.before_update()
         try:
-            new_leaves = self.update(leaves, gradients, *self.scalars.get(lr_scale, batch_size))
+            new_leaves = self.update(leaves, gradients, *self.scalars.get(lr_scale, batch_size, since=monitor.since))
         except Exception as error:  # noqa: BLE001 - it did not run: the donated state may be gone, here too
             raise StepInterrupted(error, leaves=None, metrics=metrics) from error
         monitor.made(new_leaves)

@@ -245,9 +245,10 @@ def _check_stdlib_text(*, seq_len: int, max_bytes: int) -> None:
     check_at_least("data.max_bytes", max_bytes, seq_len + 1)
 
 
-def _check_health_checker(*, health_checker: str | None) -> None:
-    """Load the class ``health_checker`` names, so that a bad name is one sentence naming the field (not as the
-    cluster failing to build)."""
+def _check_pathways(*, health_checker: str | None, spare_slices: int) -> None:
+    """Check ``spare_slices``, and load the class ``health_checker`` names, so that a bad name is one sentence
+    naming the field (not as the cluster failing to build)."""
+    check_at_least("cluster.spare_slices", spare_slices, 0)
     if health_checker is not None:
         load_health_checker(health_checker)
 
@@ -263,7 +264,7 @@ MultiprocessClusterConfig = schema_of(  # cluster=multiprocess
     MultiprocessCluster, target="elastic_trainer.MultiprocessCluster", check=check_multiprocess_settings
 )
 PathwaysClusterConfig = schema_of(  # cluster=pathways; slice_to_devices is for code that builds it itself
-    PathwaysCluster, target="elastic_trainer.PathwaysCluster", check=_check_health_checker,
+    PathwaysCluster, target="elastic_trainer.PathwaysCluster", check=_check_pathways,
     leave_out=("slice_to_devices",), types={"health_checker": str | None},
 )
 TransformerConfig = schema_of(  # model=transformer; the builder passes the key
