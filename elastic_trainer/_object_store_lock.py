@@ -100,14 +100,15 @@ class ObjectStoreLock:
 
     @contextlib.contextmanager
     def _storage_errors(self) -> Iterator[None]:
-        """Turn tensorstore's errors of the storage (``ValueError``) into one sentence (:class:`ConfigError`)."""
+        """Turn tensorstore's errors of the storage (``ValueError``) into one sentence (:class:`ConfigError`): their
+        status and message, without the request's details (``[http_response_body=...]``)."""
         try:
             yield
         except ConfigError:
             raise
         except ValueError as error:
             raise ConfigError(
-                f"{self.name} {self.directory} could not be locked ({str(error).splitlines()[0]}); check the "
+                f"{self.name} {self.directory} could not be locked ({str(error).split(' [', 1)[0]}); check the "
                 "bucket's name, that it exists, and the credentials."
             ) from error
 

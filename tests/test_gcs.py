@@ -40,7 +40,7 @@ from test_cli import TINY_MODEL
 import elastic_trainer as et
 from elastic_trainer import _object_store_lock
 from elastic_trainer._object_store_lock import ObjectStoreLock
-from elastic_trainer._run_lock import LOCK_FILE, LockOwner
+from elastic_trainer._run_lock import LOCK_FILE, LockOwner, hold_run_locks
 from elastic_trainer.checkpoints._checksums import CHECKSUMS_KEY, checksums
 
 BUCKET = "bucket"
@@ -330,6 +330,18 @@ def test_a_stale_lock_on_gcs_is_taken_over_and_a_renewed_one_is_not(gcs, monkeyp
             ObjectStoreLock(f"gs://{BUCKET}/stale", name="checkpoint.dir").acquire()
     finally:
         renewed.release()
+
+
+def test_a_bucket_that_does_not_exist_is_one_sentence_for_the_lock_and_the_checkpointer(gcs):
+    with pytest.raises(et.ConfigError) as locking:
+        with hold_run_locks([("gs://no-such-bucket/run", "checkpoint.dir")]):
+            pass
+    assert str(locking.value) == ("checkpoint.dir gs://no-such-bucket/run could not be locked (NOT_FOUND: Not Found); "
+                                  "check the bucket's name, that it exists, and the credentials.")
+    with pytest.raises(et.ConfigError) as checking:
+        et.Checkpointer("gs://no-such-bucket/run")
+    assert str(checking.value) == ("checkpoint.dir gs://no-such-bucket/run: the bucket gs://no-such-bucket does not "
+                                   "exist; create it, or choose another checkpoint.dir.")
 
 
 def test_an_unsupported_url_scheme_is_one_sentence_and_exit_2_before_anything_runs(tmp_path):
