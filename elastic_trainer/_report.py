@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 import jax
 from rich.table import Table
 
+from .events import CheckpointFailureEvent, Event, FailureEvent, RecoveryEvent, ResizeEvent, StragglerEvent
 from ._goodput import BADPUT_CATEGORIES
 from ._ledger import SampleLedger
 from ._plugins import strategy_name
@@ -208,23 +209,19 @@ def _merged_history(histories: list[History]) -> History:
                                                for name in names})
 
 
-def report_events(report: RunReport) -> list[dict[str, Any]]:
+def report_events(report: RunReport) -> list[Event]:
     """The timeline events a report holds: each failure, its recovery
     (from the failure to the end of the first productive step after it),
     each resize, each straggler (from when it was found to when it recovered,
-    if it did) and each checkpoint save that failed for I/O, with ``event``
-    and ``time`` (and ``end`` for a recovery and a recovered straggler)."""
-    events = []
+    if it did) and each checkpoint save that failed for I/O."""
+    events: list[Event] = []
     for failure in report.failures:
-        events.append({"event": "failure", "time": failure.failed_at, **failure.to_json()})
+        events.append(FailureEvent(time=failure.failed_at, failure=failure))
         if failure.recovery_s:
-            events.append({
-                "event": "recovery", "time": failure.failed_at, "end": failure.failed_at + failure.recovery_s,
-                "step": failure.step, "action": failure.action,
-            })
-    events += [{"event": "resize", "time": resize.at, **resize.to_json()} for resize in report.resizes]
-    events += [{"event": "straggler", "time": straggler.detected_at, **straggler.to_json(),
-                **({"end": straggler.recovered_at} if straggler.recovered_at else {})}
-               for straggler in report.stragglers]
-    events += [{"event": "checkpoint_failure", **failed.to_json()} for failed in report.checkpoint_failures]
+            events.append(RecoveryEvent(time=failure.failed_at, end=failure.failed_at + failure.recovery_s,
+                                        step=failure.step, action=failure.action))
+    events += [ResizeEvent(time=resize.at, resize=resize) for resize in report.resizes]
+    events += [StragglerEvent(time=straggler.detected_at, straggler=straggler) for straggler in report.stragglers]
+    events += [CheckpointFailureEvent(time=failed.time, step=failed.step, cause=failed.cause)
+               for failed in report.checkpoint_failures]
     return events

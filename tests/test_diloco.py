@@ -86,7 +86,7 @@ def test_slice_2_lost_for_good_at_step_35_drops_its_replica_and_stalls_no_one(ti
             failure["samples_skipped"], failure["slices_after"]) == (35, [2], "drop_replica", 0, 6 * 4, 3)
     # no recovery event; a straggler event may come too: each slice's inner step is timed for real, one slice after
     # another, and on a loaded machine one of them can be found slow (a CI run saw slice 0 4.3x the others)
-    events = [event["event"] for event in etp.report_events(report) if event["event"] != "straggler"]
+    events = [event.event for event in etp.report_events(report) if event.event != "straggler"]
     assert events == ["failure", "resize"]
     assert {k: report["badput_s"][k] for k in ("detection", "waiting_for_slices", "checkpoint_restore")} == {
         "detection": 0.0, "waiting_for_slices": 0.0, "checkpoint_restore": 0.0}

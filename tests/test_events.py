@@ -1,10 +1,12 @@
 """The event timeline: events.jsonl beside report.json."""
 
+import dataclasses
 import json
 
 import pytest
 
 import elastic_trainer as et
+import elastic_trainer.events as timeline
 from elastic_trainer_plugins.chaos import Chaos
 from elastic_trainer_plugins.scale_down import ScaleDown
 
@@ -19,6 +21,13 @@ def test_events_jsonl_is_the_runs_timeline(tiny_trainer_kwargs, tmp_path):
         )
     ).fit()
     events = [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines()]
+    records = {kind.event: kind for kind in vars(timeline).values()
+               if isinstance(kind, type) and issubclass(kind, timeline.Event) and hasattr(kind, "event")}
+    assert {event["event"] for event in events} == {"step", "checkpoint_save", "failure", "recovery", "resize",
+                                                      "restore"} and set(records) >= {e["event"] for e in events}
+    for event in events:  # each line is its typed record's JSON: a span's fields, or a report record's
+        fields = {f.name for f in dataclasses.fields(records[event["event"]])} - {"failure", "resize", "straggler"}
+        assert fields <= set(event) - {"event"}
     times = [event["time"] for event in events]
     assert times == sorted(times)
     assert all(event["end"] >= event["time"] for event in events if "end" in event)

@@ -169,5 +169,5 @@ def merge_worker_events(run_dir: Path, report: RunReport, *, workers: int) -> No
         for event in map(json.loads, (run_dir / worker_file(EVENTS, worker)).read_text().splitlines())
         if event["event"] not in ("failure", "recovery", "resize")
     ]
-    events = sorted(events + report_events(report), key=lambda event: event["time"])
+    events = sorted(events + [event.to_json() for event in report_events(report)], key=lambda event: event["time"])
     (run_dir / EVENTS).write_text("".join(json.dumps(event) + "\n" for event in events))
