@@ -42,6 +42,7 @@ from elastic_trainer import _object_store_lock
 from elastic_trainer._object_store_lock import ObjectStoreLock
 from elastic_trainer._run_lock import LOCK_FILE, LockOwner, hold_run_locks
 from elastic_trainer.checkpoints._checksums import CHECKSUMS_KEY, checksums
+from elastic_trainer.checkpoints._storage import holds_committed_step
 
 BUCKET = "bucket"
 
@@ -330,6 +331,14 @@ def test_a_stale_lock_on_gcs_is_taken_over_and_a_renewed_one_is_not(gcs, monkeyp
             ObjectStoreLock(f"gs://{BUCKET}/stale", name="checkpoint.dir").acquire()
     finally:
         renewed.release()
+
+
+def test_a_step_on_gcs_counts_as_committed_once_orbax_marked_it(gcs):
+    store = lock_store("commits")
+    store.write("4/state/manifest.ocdbt", b"half a save").result()  # a step being written, or a failed save's
+    assert not holds_committed_step(f"gs://{BUCKET}/commits")
+    store.write("4/commit_success.txt", b"").result()
+    assert holds_committed_step(f"gs://{BUCKET}/commits")
 
 
 def test_a_bucket_that_does_not_exist_is_one_sentence_for_the_lock_and_the_checkpointer(gcs):

@@ -56,3 +56,19 @@ def is_object_store(directory: str | os.PathLike[str]) -> bool:
     """Whether ``directory`` is an object store URL (``gs://...``), not a local path."""
     url = _URL.match(os.fspath(directory))
     return url is not None and url.group(1) in OBJECT_STORE_SCHEMES
+
+
+COMMIT_SUCCESS_FILE = "commit_success.txt"
+"""What marks a step committed on object storage, where Orbax writes a step's folder in place (its
+``CommitFileTemporaryPath``) and adds this file last; on a local disk Orbax renames the folder from
+``<step>.orbax-checkpoint-tmp-...`` to the step's number once it is committed."""
+
+
+def holds_committed_step(directory: str | os.PathLike[str]) -> bool:
+    """Whether ``directory`` (a local directory or ``gs://`` URL) holds a step that Orbax committed, read from its
+    listing alone (no Orbax manager: a supervisor deciding whether a restarted worker resumes)."""
+    directory = epath.Path(directory)
+    if not directory.is_dir():
+        return False
+    in_place = is_object_store(directory)
+    return any(p.name.isdigit() and (not in_place or (p / COMMIT_SUCCESS_FILE).exists()) for p in directory.iterdir())

@@ -13,13 +13,13 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from etils import epath
 from rich.console import Console
 
 from ._processes import POLL_S, ProcessGroup, StopRequest
 from .._preemption import exit_status
 from .._report import RunReport, merge_worker_reports, report_events, summary_table
 from .._run_report import CheckpointInfo
+from ..checkpoints._storage import holds_committed_step
 
 EVENTS = "events.jsonl"
 
@@ -133,10 +133,8 @@ def restart_until_done(
 
 
 def _holds_checkpoints(checkpoint: CheckpointInfo | None) -> bool:
-    """Whether the run's checkpoint directory (``report.checkpoint``) holds a committed step (Orbax names it
-    by the step alone; an uncommitted one is ``<step>.orbax-checkpoint-tmp-...``)."""
-    directory = epath.Path(checkpoint.dir) if checkpoint else None  # a local path or a gs:// URL
-    return directory is not None and directory.is_dir() and any(p.name.isdigit() for p in directory.iterdir())
+    """Whether the run's checkpoint directory (``report.checkpoint``), local or ``gs://``, holds a committed step."""
+    return checkpoint is not None and holds_committed_step(checkpoint.dir)
 
 
 def worker_file(name: str, attempt: int) -> str:
