@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -187,7 +188,8 @@ class RunReport(JsonRecord):
 
     Read it by attribute (``report.failures[0].recovery_s``); ``report["failures"]`` reads the JSON of
     ``report.json`` instead, for code written against the dict. A plugin adds its own keys in
-    ``et_run_end`` with ``report.extra[name] = value``.
+    ``et_run_end`` with ``report.extra[name] = value`` (``report[name] = value`` still works, with a
+    :class:`DeprecationWarning`).
     """
 
     strategy: str | None
@@ -278,6 +280,16 @@ class RunReport(JsonRecord):
         if key != EXTRA and key in _FIELDS and not (key in self._omitted_when_none and getattr(self, key) is None):
             return encode(getattr(self, key))
         return self.extra[key]
+
+    def __setitem__(self, key: str, value: Any) -> None:
+        """``report[name] = value``, as a plugin added keys to the dict: kept in :attr:`extra`, with a
+        :class:`DeprecationWarning` that names ``report.extra[name] = value``; the core's fields are frozen."""
+        if key in _FIELDS:
+            raise TypeError(f"report[{key!r}] is the core's and frozen; a plugin adds keys of its own with "
+                            f"report.extra[name] = value.")
+        warnings.warn(f"report[{key!r}] = value is deprecated; write report.extra[{key!r}] = value.",
+                      DeprecationWarning, stacklevel=2)
+        self.extra[key] = value
 
     def get(self, key: str, default: Any = None) -> Any:
         """``report.json``'s value for ``key``, or ``default``, for code written against the dict."""

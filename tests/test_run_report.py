@@ -68,3 +68,12 @@ def test_a_file_that_is_no_run_report_is_one_sentence(tmp_path):
     (tmp_path / "report.json").write_text(json.dumps({"strategy": None, "attempts": 2}))
     with pytest.raises(ValueError, match=r"report.json is not a run report: a RunReport needs cluster, steps_target, "):
         et.RunReport.load(tmp_path)
+
+
+def test_a_plugin_that_adds_a_key_the_old_way_still_works_and_is_told_the_new_one(run_with_a_failure):
+    report = et.RunReport.load(run_with_a_failure)
+    with pytest.warns(DeprecationWarning, match=r"write report.extra\['mine'\] = value"):
+        report["mine"] = {"slow_steps": 3}
+    assert report.extra["mine"] == {"slow_steps": 3} and report.to_json()["mine"] == {"slow_steps": 3}
+    with pytest.raises(TypeError, match=r"report\['goodput'\] is the core's and frozen"):
+        report["goodput"] = 1.0
