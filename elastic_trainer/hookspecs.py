@@ -44,7 +44,10 @@ if TYPE_CHECKING:
 PROJECT_NAME = "elastic_trainer"
 
 hookspec = pluggy.HookspecMarker(PROJECT_NAME)
+"""Marks a function of this module as a hook's specification (pluggy's ``HookspecMarker``)."""
 hookimpl = pluggy.HookimplMarker(PROJECT_NAME)
+"""Marks a plugin's method as a hook implementation: ``@et.hookimpl`` (or ``@et.hookimpl(tryfirst=True)``,
+``(trylast=True)``, ``(wrapper=True)``), on a method named after the hook it implements."""
 
 
 # -------------------------------------------------------------------------
