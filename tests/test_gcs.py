@@ -407,3 +407,22 @@ def test_the_command_line_trains_on_gcs_refuses_a_second_run_and_resumes_a_kille
     assert report["samples"]["duplicated"] == report["samples"]["skipped"] == 0
     assert LOCK_FILE not in {name.split("/")[-1] for name in objects(gcs, "run/")}
     assert not (tmp_path / "resumed" / "gs:").exists()
+
+
+@pytest.mark.slow
+def test_a_job_of_two_processes_saves_to_gcs_and_one_of_three_resumes_from_it(gcs, tmp_path):
+    job = [sys.executable, "-m", "elastic_trainer", *TINY_MODEL, "cluster=multiprocess",
+           f"checkpoint.dir=gs://{BUCKET}/mp", "checkpoint.period=4"]
+    env = {**os.environ, "ELASTIC_TRAINER_DISABLE_PLUGIN_AUTOLOAD": "1"}
+    saved = subprocess.run([*job, "cluster.num_processes=2", "trainer.steps=12", f"hydra.run.dir={tmp_path / 'two'}"],
+                           env=env, capture_output=True, text=True, timeout=300)
+    assert saved.returncode == 0, saved.stderr
+    assert holds_committed_step(f"gs://{BUCKET}/mp")
+    assert LOCK_FILE not in {name.split("/")[-1] for name in objects(gcs, "mp/")}  # the launcher's lock went with it
+    resumed = subprocess.run([*job, "cluster.num_processes=3", "trainer.steps=16", "checkpoint.resume=true",
+                              f"hydra.run.dir={tmp_path / 'three'}"], env=env, capture_output=True, text=True,
+                             timeout=300)
+    assert resumed.returncode == 0, resumed.stderr
+    report = json.loads((tmp_path / "three" / "report.json").read_text())
+    assert (report["resumed_from"], report["steps_completed"], report["cluster"]["processes"]) == (12, 16, 3)
+    assert report["samples"]["duplicated"] == report["samples"]["skipped"] == 0
