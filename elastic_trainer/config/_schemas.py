@@ -311,7 +311,6 @@ class Config:
     """how to update: an optax gradient transformation."""
     loss: Any = MISSING
     """what to minimise: ``loss_fn(model, batch, *, key) -> scalar`` (``-> (scalar, aux)`` with ``loss.has_aux``)."""
-    """what to minimise: ``loss_fn(model, batch, *, key) -> scalar``."""
     strategy: Any = None
     """what to do when a slice is lost (none: a failure stops the run)."""
     chaos: Any = None
