@@ -381,18 +381,9 @@ def config_groups() -> str:
 
 def report() -> str:
     """``report.json``'s keys from its typed record, ``elastic_trainer.RunReport``."""
-    from elastic_trainer import _report
+    from elastic_trainer import RunReport
 
-    record = getattr(_report, "RunReport", None)
-    if record is None:  # TODO(lead): the typed report (issue 60, item 3) is not in yet: its parts' records only
-        from elastic_trainer._records import CompileRecord, FailureRecord, ResizeRecord
-
-        return "\n".join(["!!! note", "    The report's typed record (`RunReport`) is not in the code yet; "
-                          "these are the records of its lists.", "",
-                          *(f"## `{key}`\n\n{table(rows_of(cls, f'{key}[].', defaults=False), columns=COLUMNS)}\n"
-                            for key, cls in (("failures", FailureRecord), ("resizes", ResizeRecord),
-                                             ("compile_cache.layouts", CompileRecord)))])
-    return table([_other_keys(row) for row in rows_of(record, defaults=False)], columns=COLUMNS)
+    return table([_other_keys(row) for row in rows_of(RunReport, defaults=False)], columns=COLUMNS)
 
 
 COLUMNS = ("Key", "Type", "Description")
