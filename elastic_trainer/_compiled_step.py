@@ -109,7 +109,9 @@ class DeviceScalars:
             self._values, self._since = {}, since
         key = (lr_scale, batch_size)
         if key not in self._values:
-            self._values[key] = jax.device_put((np.float32(lr_scale), np.int32(batch_size)), self._sharding)
+            self._values[key] = tuple(  # not device_put: on several processes it checks that each put the same
+                jax.make_array_from_callback((), self._sharding, lambda _, v=v: v)  # value, a collective: one
+                for v in (np.float32(lr_scale), np.int32(batch_size)))  # peer slow to it ended 3-process runs here
         return self._values[key]
 
 
