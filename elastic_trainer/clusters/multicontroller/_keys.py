@@ -71,6 +71,35 @@ def dispatched(process: int) -> str:
     return f"{KEY_PREFIX}dispatched/{process}"
 
 
+MEETINGS_PER_BLOCK = 64
+"""Meetings kept in one directory of the key-value store, deleted together (one call) once every process is past
+them."""
+
+
+def meetings(block: int) -> str:
+    """The directory of the meetings before the dispatches of block ``block`` (:data:`MEETINGS_PER_BLOCK` of them)."""
+    return f"{KEY_PREFIX}meet/{block}"
+
+
+def meeting(attempt: int) -> str:
+    """The directory of the meeting before every process's ``attempt``-th step dispatch (:func:`ready`,
+    :func:`verdict`)."""
+    return f"{meetings(attempt // MEETINGS_PER_BLOCK)}/{attempt}"
+
+
+def ready(attempt: int, process: int | None = None) -> str:
+    """Set by ``process`` once it is about to dispatch its ``attempt``-th step; the directory of them without
+    ``process``."""
+    return f"{meeting(attempt)}/ready" + ("" if process is None else f"/{process}")
+
+
+def verdict(attempt: int) -> str:
+    """How the meeting before the ``attempt``-th dispatch ended, written once by the first process to know:
+    ``"go"`` (every live process came) or ``"agree"`` (one did not come in time: the live ones agree on who
+    lives before any dispatches)."""
+    return f"{meeting(attempt)}/verdict"
+
+
 def stuck(process: int) -> str:
     """Set when ``process`` was killed because it was stuck before a step's collectives."""
     return f"{KEY_PREFIX}stuck/{process}"

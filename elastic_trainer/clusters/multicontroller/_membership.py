@@ -29,6 +29,10 @@ step; one that has not (nor within the collective timeout of this process's disp
 step's collectives."""
 
 
+MEET_POLL_MS = 250
+"""While a process waits for a late peer before a dispatch, how often it looks whether that peer died on this
+host or the wait ran out."""
+
 
 def devices_of(processes: Container[int]) -> list[jax.Device]:
     """The devices of ``processes``, in process order, then by id: the order slices and barriers list them in."""
@@ -138,6 +142,48 @@ class Membership:
         self.own_times.dispatched()
         self._client().key_value_set(keys.dispatched(jax.process_index()), str(self.dispatched), allow_overwrite=True)
 
+    def meet(self, *, stuck_after_s: float) -> bool:
+        """Before this process dispatches its next step: wait until every other live process is about to dispatch
+        it too; whether they all came.
+
+        A step's collectives then start together, so a peer late to a step
+        (a compilation cache that missed, a busy host) keeps the others
+        waiting here, not in collectives that would give up after
+        ``collective_timeout_s``. The processes need not be met for that in
+        any other way: the one that finds every note there (the last to come)
+        writes the verdict ``"go"``. One that waited ``stuck_after_s`` for a
+        peer, or saw it die on this host, writes ``"agree"`` instead; only the
+        first verdict is written, and every process follows it. With
+        ``"agree"``, a peer still absent once ``stuck_after_s`` has passed since
+        this process came is stuck: it is killed (:func:`_kill_if_stuck`), and the
+        caller has the live processes agree on who lives before any dispatches.
+        """
+        attempt, me, client = self.dispatched + 1, jax.process_index(), self._client()
+        if self.live == {me}:
+            return True
+        client.key_value_set(keys.ready(attempt, me), "1", allow_overwrite=True)
+        block, first = divmod(attempt, keys.MEETINGS_PER_BLOCK)
+        if me == min(self.live) and not first and block > 1:  # every process is past the block before the last:
+            client.key_value_delete(keys.meetings(block - 2))  # each came to the last meeting, after them
+        deadline, waited = time.monotonic() + stuck_after_s, False
+        while (absent := self.live - _came(client, attempt)) and not (
+                waited and (time.monotonic() > deadline or any(dead_here(client, p) for p in absent))):
+            try:
+                verdict = client.blocking_key_value_get(keys.verdict(attempt), MEET_POLL_MS)
+                break
+            except Exception:  # noqa: BLE001 - the runtime raises a plain error when the wait runs out
+                waited = True
+        else:
+            verdict = _decide(client, attempt, "agree" if absent else "go")
+        if verdict == "go":
+            return True
+        absent = {p for p in self.live - {me} if not dead_here(client, p)}
+        while (absent := absent - _came(client, attempt)) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        for process in sorted(absent):
+            _kill_if_stuck(client, process)
+        return False
+
     def kill_stuck(self, *, collective_timeout_s: float) -> None:
         """Kill the live processes that never reached the failed step's collectives: they are stuck.
 
@@ -167,6 +213,21 @@ def processes_behind(client, processes: set[int], dispatched: int, *, not_before
         behind -= {p for p in behind if int(keys.noted(client, keys.dispatched(p)) or 0) >= dispatched}
         time.sleep(0.05)
     return sorted(behind)
+
+
+def _came(client, attempt: int) -> set[int]:
+    """The processes that came to the meeting before their ``attempt``-th dispatch."""
+    return {int(key.rsplit("/", 1)[1]) for key, _ in client.key_value_dir_get(keys.ready(attempt))}
+
+
+def _decide(client, attempt: int, verdict: str) -> str:
+    """Write ``verdict`` as the meeting's before the ``attempt``-th dispatch unless one is written already; the
+    one written."""
+    try:
+        client.key_value_set(keys.verdict(attempt), verdict)
+        return verdict
+    except Exception:  # noqa: BLE001 - written already (the runtime's ALREADY_EXISTS): that one stands
+        return client.blocking_key_value_get(keys.verdict(attempt), 1000)
 
 
 def dead_here(client, process: int, os_pid: str | None = None) -> bool:
