@@ -28,6 +28,7 @@ import threading
 import time
 import urllib.parse
 import urllib.request
+from pathlib import Path
 
 import orbax.checkpoint as ocp
 import pytest
@@ -364,6 +365,8 @@ def test_an_unsupported_url_scheme_is_one_sentence_and_exit_2_before_anything_ru
                              f"hydra.run.dir={tmp_path}"], capture_output=True, text=True, timeout=120, env=env)
     assert result.returncode == 2 and result.stderr == f"elastic_trainer: error: {message}\n"
     assert not (tmp_path / "report.json").exists() and not (tmp_path / "s3x:").exists()
+    shown = (Path(__file__).parents[1] / "docs" / "checkpoints.md").read_text().split("```console\n")[1]
+    assert shown.startswith(f"$ python -m elastic_trainer checkpoint.dir=s3x://x\nelastic_trainer: error: {message}\n")
 
 
 @pytest.mark.slow
