@@ -116,7 +116,8 @@ def pytest_sessionfinish(session, exitstatus):
 
 
 COSTLIEST_FIRST = (
-    "test_multiprocess.py", "test_fault_matrix.py", "test_diloco.py", "test_bad_input.py", "test_benchmark.py",
+    "test_multiprocess.py", "test_fault_matrix.py", "test_slow_peer.py", "test_diloco.py", "test_bad_input.py",
+    "test_benchmark.py", "test_gcs.py", "test_pathways_simulator.py", "test_docs_site.py",
     "test_recovery.py", "test_crash_loop.py", "test_cli_errors.py", "test_preemption.py", "test_cli_recovery.py",
     "test_cli.py", "test_restarts.py", "test_properties.py", "test_soak.py", "test_plan.py", "test_training_mode.py",
     "test_step_cache.py", "test_checkpoint.py", "test_readme_command.py", "test_your_model.py", "test_hot_swap.py",

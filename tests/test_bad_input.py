@@ -93,6 +93,7 @@ BAD_VALUES = [
      "cluster.devices_per_process=2); change one of them."),
     ("cluster/multiprocess.spare_slices", ["cluster=multiprocess", "cluster.spare_slices=-1"],
      "cluster.spare_slices must be at least 0, got -1."),
+    ("loss/function.has_aux", ["loss.has_aux=maybe"], "loss.has_aux: value 'maybe' is not a valid bool (type str)."),
     ("cluster/pathways.spare_slices", ["cluster=pathways", "cluster.spare_slices=-1"],
      "cluster.spare_slices must be at least 0, got -1."),
     ("cluster/multiprocess.devices_per_process", ["cluster=multiprocess", "cluster.devices_per_process=0"],
