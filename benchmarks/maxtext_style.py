@@ -39,8 +39,8 @@ from elastic_trainer._step import make_step_fn  # noqa: E402
 from elastic_trainer.config._build import build_trainer  # noqa: E402
 from elastic_trainer.config._schemas import register_configs  # noqa: E402
 from elastic_trainer.launch._cli import CONFIG_MODULE  # noqa: E402
-from elastic_trainer_plugins.chaos import Chaos  # noqa: E402
-from elastic_trainer_plugins.scale_down import ScaleDown  # noqa: E402
+from elastic_trainer.chaos import Chaos  # noqa: E402
+from elastic_trainer.strategies import ScaleDown  # noqa: E402
 
 
 def default_job(steps: int, overrides: list[str]) -> et.Trainer:

@@ -92,7 +92,7 @@ class LoopState:
 
 @dataclasses.dataclass(frozen=True)
 class FailureRecord(JsonRecord):
-    """One failure, as ``report["failures"]`` lists it (see the README's "Run report").
+    """One failure, as ``RunReport.failures`` lists it (the report reference, docs/reference/report.md).
 
     Filled in as the recovery goes: detection first, then the strategy's
     action and wait, the new layout's compile and re-mesh, the restore, and
@@ -114,7 +114,8 @@ class FailureRecord(JsonRecord):
     :param slices_before: the slices in use before it.
     :param failed_at: when it was raised (``time.time()``).
     :param detection_s: from then until the strategy had a plan.
-    :param action: what the strategy did (``scale_down``, ``pause_resume``, ``restart``, ``drop_replica``, ``stop``).
+    :param action: what the strategy did (``scale_down``, ``pause_resume``, ``hot_swap``, ``restart``,
+        ``drop_replica``, ``stop``).
     :param slices_after: the slices in use after the recovery.
     :param restored_from: where the state came from: ``replica``, ``snapshot``, ``checkpoint`` or ``none``.
     :param lost_steps: steps done again.

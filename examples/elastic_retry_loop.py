@@ -27,8 +27,8 @@ import orbax.checkpoint as ocp  # noqa: E402
 from jax.sharding import NamedSharding, PartitionSpec  # noqa: E402
 
 import elastic_trainer as et  # noqa: E402
-from elastic_trainer_plugins.chaos import Chaos  # noqa: E402
-from elastic_trainer_plugins.scale_down import ScaleDown  # noqa: E402
+from elastic_trainer.chaos import Chaos  # noqa: E402
+from elastic_trainer.strategies import ScaleDown  # noqa: E402
 
 STEPS, BATCH, FEATURES, SAVE_EVERY = 40, 24, 8, 5
 optimizer = optax.adam(0.3)
