@@ -37,7 +37,7 @@ from ._report import RunReport as RunReport
 from .hookspecs import hookimpl as hookimpl
 from ._grain import GrainDataset as GrainDataset
 from ._nnx import NnxModel as NnxModel
-from . import chaos as chaos, loggers as loggers, plugin as _plugin, strategies as strategies
+from . import plugin as _plugin
 
 __version__ = "0.1.0"
 
@@ -89,8 +89,16 @@ _MOVED = {**dict.fromkeys(_plugin.__all__, "elastic_trainer.plugin"),
 """The names this module exported until 0.1.0 that moved, by the module they live in now."""
 
 
+_SUBMODULES = ("strategies", "chaos", "loggers")
+"""Imported when first asked for: they import the built-in plugins (``elastic_trainer_plugins``), which import this
+package, so importing them here would fail for a program whose first import is a built-in plugin's module."""
+
+
 def __getattr__(name: str):
-    """A moved name from its new module, with a ``DeprecationWarning`` naming where it lives now (PEP 562)."""
+    """A submodule of :data:`_SUBMODULES` on first use; a moved name from its new module, with a
+    ``DeprecationWarning`` naming where it lives now (PEP 562)."""
+    if name in _SUBMODULES:
+        return _importlib.import_module(f"{__name__}.{name}")
     module = _MOVED.get(name)
     if module is None:
         raise AttributeError(f"module 'elastic_trainer' has no attribute {name!r}")

@@ -2,6 +2,8 @@
 out of ``elastic_trainer`` still working from there for a release, with a warning naming their new place."""
 
 import importlib
+import subprocess
+import sys
 
 import pytest
 
@@ -72,3 +74,11 @@ def test_every_name_that_moved_is_exported_where_it_went_and_hidden_from_dir():
 def test_an_unknown_name_is_an_attribute_error():
     with pytest.raises(AttributeError, match="has no attribute 'NoSuchThing'"):
         et.NoSuchThing  # noqa: B018
+
+
+@pytest.mark.parametrize("module", ["elastic_trainer_plugins.diloco", "elastic_trainer_plugins.metrics",
+                                    "elastic_trainer_plugins.chaos", "elastic_trainer_plugins.scale_down"])
+def test_a_program_may_import_a_built_in_plugin_first(module):
+    """A third party subclassing a built-in plugin's class imports its module before elastic_trainer itself."""
+    result = subprocess.run([sys.executable, "-c", f"import {module}"], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
