@@ -8,6 +8,10 @@ import sys
 import tempfile
 
 os.environ["ELASTIC_TRAINER_DISABLE_PLUGIN_AUTOLOAD"] = "1"
+# The suite trains on CPU devices everywhere; on a host with an accelerator (a GPU machine) the CPU clusters would
+# warn that it goes unused (AcceleratorUnusedWarning), which filterwarnings=error makes every such test fail. Choosing
+# CPU is what that warning tells a user to do; tests/test_accelerators.py unsets it for its own cases.
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 # Python caches compiled modules (__pycache__) here and in every process a test starts, even where the environment
 # says not to (PYTHONDONTWRITEBYTECODE, as container images often set; this project's CI machine does): the suite
