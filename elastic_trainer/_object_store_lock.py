@@ -126,7 +126,10 @@ class ObjectStoreLock:
         deadline = time.monotonic() + LEASE_S
         while time.monotonic() < deadline:
             time.sleep(POLL_S)
-            if self._store.read(LOCK_FILE).result().stamp.generation != found.stamp.generation:
+            now = self._store.read(LOCK_FILE).result()
+            if now.state == "missing":
+                return True  # released meanwhile: free (the write that follows sees it gone and reads again)
+            if now.stamp.generation != found.stamp.generation:
                 return False  # renewed (or taken by another run)
         return True
 
@@ -146,7 +149,7 @@ class ObjectStoreLock:
                     _LOG.warning("the lock of %s %s was taken over by another run: this run could not renew it "
                                  "for %s s", self.name, self.directory, LEASE_S)
                     return
-            except ValueError as error:  # the storage did not answer: the next renewal tries again
+            except Exception as error:  # noqa: BLE001 - any failure of the storage: the lease lives on in the next try
                 _LOG.warning("could not renew the lock of %s %s: %s", self.name, self.directory, error)
 
     def release(self) -> None:
@@ -154,7 +157,7 @@ class ObjectStoreLock:
         if self._renewer is None:
             return
         self._stop_renewing.set()
-        self._renewer.join()
+        self._renewer.join(timeout=LEASE_S)  # a renewal stuck in a request the storage never answers is let go
         self._renewer = None
         try:
             self._store.write(LOCK_FILE, None, if_equal=self._generation).result()
