@@ -304,7 +304,9 @@ class MultiprocessCluster(AbstractRejoinCluster, AbstractProcessInjectableCluste
         agree that every process lives, the step failed on a peer only slow,
         whatever the error says (a peer's collective timed out, another's saw
         that peer close the connection): a ``DEADLINE_EXCEEDED`` with no slice
-        lost, which the strategy retries. Either way it first waits until the
+        lost, which the strategy retries. That holds for the runtime's errors
+        (and the watchdog's); any other error (out of memory, a Python error)
+        stands. Either way it first waits until the
         failed step's collectives have given up (``collective_timeout_s``):
         until then they hold this process's devices, and a new step would
         queue behind them.
@@ -317,11 +319,14 @@ class MultiprocessCluster(AbstractRejoinCluster, AbstractProcessInjectableCluste
             self.synchronize(SyncCall.STEP_END, slices, since=since)  # the failed step's end
         finally:
             draining.join(self.collective_timeout_s + 5)
-        raise StepTimeoutError(
-            f"DEADLINE_EXCEEDED: the step's collectives gave up (cluster.collective_timeout_s="
-            f"{self.collective_timeout_s}) but the processes agree that every one lives: {error}",
-            slices=(),
-        ) from error
+        if isinstance(error, StepTimeoutError) or (
+                isinstance(error, jax.errors.JaxRuntimeError) and "RESOURCE_EXHAUSTED" not in str(error)):
+            raise StepTimeoutError(
+                f"DEADLINE_EXCEEDED: the step's collectives gave up (cluster.collective_timeout_s="
+                f"{self.collective_timeout_s}) but the processes agree that every one lives; raise "
+                f"cluster.collective_timeout_s if a peer is this slow within a step: {error}",
+                slices=(),
+            ) from error
 
     def step_dispatched(self) -> None:
         """Note in the key-value store that this process reached its latest step's collectives."""
