@@ -285,11 +285,14 @@ class MultiprocessCluster(AbstractRejoinCluster, AbstractProcessInjectableCluste
                                  occurred_at=min(down) if down and None not in down else None)
 
     def check_launch(self, slices: Sequence[int], *, since: tuple[int, ...]) -> None:
-        """Before a step's first dispatch, the live processes meet (:meth:`Membership.meet`): a peer late to the
-        step is waited for, up to ``barrier_timeout_s``, before any collective starts. One that did not come in
-        time is stuck (killed); then the live processes agree on who lives, and a lost slice raises here, before
-        the step takes the state."""
-        if not self.membership.meet(stuck_after_s=self.barrier_timeout_s):
+        """Before the first dispatch of a step over every live process, they meet (:meth:`Membership.meet`): a
+        peer late to the step is waited for, up to ``barrier_timeout_s``, before any collective starts. One that
+        did not come in time is stuck (killed); then the live processes agree on who lives, and a lost slice
+        raises here, before the step takes the state. A program on some slices only (a semi-synchronous mode's
+        inner step) does not meet: its processes meet the others at the boundary (the outer step)."""
+        membership = self.membership
+        spans_every_process = {p for s in slices for p in membership.processes_of(s)} >= membership.live
+        if spans_every_process and not membership.meet(stuck_after_s=self.barrier_timeout_s):
             self.synchronize(SyncCall.STEP_END, slices, since=since)  # the step not launched ends before it began
 
     def explain_failure(
